@@ -1,0 +1,212 @@
+//! The streaming loop: one buffer, refilled in large reads, chunks handed out as borrows.
+//!
+//! Cut points must not depend on how the reader splits its data, or the same file would
+//! chunk differently from a pipe and from disk and stop deduplicating. fastcdc's cut
+//! function looks at most `max_size` bytes ahead, so the loop only asks for a cut when at
+//! least `max_size` bytes are buffered or the reader is exhausted; [`chunk_slice`] runs
+//! the same function over a whole slice, and the two always agree.
+
+use std::fmt;
+use std::io::{self, Read};
+
+use fastcdc::v2020::{cut_gear, get_gear_with_seed, logarithm2, Normalization, MASKS};
+
+use crate::ChunkerParams;
+
+/// Smallest buffer, so that small chunk sizes still read in large blocks.
+const MIN_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+
+/// FastCDC's normalization level: level 1 narrows the size spread around the average
+/// while keeping boundaries content-driven, and is fastcdc's own default.
+const NORMALIZATION: Normalization = Normalization::Level1;
+
+/// One chunk of the stream, borrowed from the chunker's buffer until the next call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk<'a> {
+    /// Offset of the chunk's first byte in the stream.
+    pub offset: u64,
+    /// The chunk's bytes.
+    pub data: &'a [u8],
+}
+
+/// The cut-point function with its masks and (possibly seeded) gear tables.
+struct Cutter {
+    min_size: usize,
+    avg_size: usize,
+    max_size: usize,
+    mask_s: u64,
+    mask_l: u64,
+    gear: Box<[u64; 256]>,
+    gear_ls: Box<[u64; 256]>,
+}
+
+impl Cutter {
+    fn new(params: ChunkerParams, seed: u64) -> Self {
+        // The fields of ChunkerParams are public, so a value may have bypassed `new`;
+        // out-of-range sizes would index past fastcdc's mask table.
+        let params = ChunkerParams::new(params.min_size, params.avg_size, params.max_size)
+            .unwrap_or_else(|err| panic!("Invalid chunker parameters: {err}"));
+        let bits = logarithm2(params.avg_size);
+        let level = NORMALIZATION.bits();
+        let (gear, gear_ls) = get_gear_with_seed(seed);
+        Cutter {
+            // fastcdc starts testing at byte `min_size / 2 * 2` and may cut right there,
+            // one byte short of an odd minimum; rounding up keeps every chunk but the
+            // last at least `min_size` long.
+            min_size: params.min_size as usize + (params.min_size as usize & 1),
+            avg_size: params.avg_size as usize,
+            max_size: params.max_size as usize,
+            mask_s: MASKS[(bits + level) as usize],
+            mask_l: MASKS[(bits - level) as usize],
+            gear,
+            gear_ls,
+        }
+    }
+
+    /// Length of the chunk starting at `data[0]`. Depends only on `data[..max_size]`
+    /// (or all of `data` when shorter, which must then be the end of the stream).
+    fn cut(&self, data: &[u8]) -> usize {
+        let (_hash, len) = cut_gear(
+            data,
+            self.min_size,
+            self.avg_size,
+            self.max_size,
+            self.mask_s,
+            self.mask_l,
+            self.mask_s << 1,
+            self.mask_l << 1,
+            &self.gear,
+            &self.gear_ls,
+        );
+        len
+    }
+}
+
+/// Streams chunks out of any reader with one reusable buffer.
+pub struct Chunker<R> {
+    reader: R,
+    cutter: Cutter,
+    /// `buf[start..end]` holds read but not yet chunked bytes.
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    eof: bool,
+    position: u64,
+}
+
+impl<R: Read> Chunker<R> {
+    /// `seed` is XORed into the gear table (fastcdc's `get_gear_with_seed`) so a
+    /// repository can key its chunk boundaries; 0 = the plain FastCDC table.
+    ///
+    /// Allocates a buffer of twice `max_size`, but at least 4 MiB.
+    ///
+    /// # Panics
+    ///
+    /// If `params` holds sizes that [`ChunkerParams::new`] rejects.
+    pub fn new(reader: R, params: ChunkerParams, seed: u64) -> Self {
+        let cutter = Cutter::new(params, seed);
+        let capacity = (2 * cutter.max_size).max(MIN_BUFFER_BYTES);
+        Chunker {
+            reader,
+            cutter,
+            buf: vec![0; capacity].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            eof: false,
+            position: 0,
+        }
+    }
+
+    /// The next chunk, borrowed from the internal buffer; `Ok(None)` at end of input.
+    ///
+    /// Retries reads interrupted by a signal (`ErrorKind::Interrupted`). After any other
+    /// read error, bytes read before it are kept, so calling again resumes the stream.
+    pub fn next_chunk(&mut self) -> io::Result<Option<Chunk<'_>>> {
+        if self.end - self.start < self.cutter.max_size && !self.eof {
+            self.refill()?;
+        }
+        if self.start == self.end {
+            return Ok(None);
+        }
+        let len = self.cutter.cut(&self.buf[self.start..self.end]);
+        let begin = self.start;
+        let offset = self.position;
+        self.start += len;
+        self.position += len as u64;
+        Ok(Some(Chunk {
+            offset,
+            data: &self.buf[begin..begin + len],
+        }))
+    }
+
+    /// Moves the unchunked tail (less than `max_size` bytes) to the front, then reads
+    /// until the buffer is full or the reader is exhausted.
+    fn refill(&mut self) -> io::Result<()> {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        while self.end < self.buf.len() {
+            match self.reader.read(&mut self.buf[self.end..]) {
+                Ok(0) => {
+                    self.eof = true;
+                    break;
+                }
+                Ok(n) => self.end += n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<R> Chunker<R> {
+    /// Bytes consumed into chunks so far, which is the offset of the next chunk.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Gives the reader back. Bytes already read from it but not yet returned as chunks
+    /// are lost.
+    pub fn into_inner(self) -> R {
+        self.reader
+    }
+}
+
+impl<R: fmt::Debug> fmt::Debug for Chunker<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chunker")
+            .field("reader", &self.reader)
+            .field("min_size", &self.cutter.min_size)
+            .field("avg_size", &self.cutter.avg_size)
+            .field("max_size", &self.cutter.max_size)
+            .field("buffered", &(self.end - self.start))
+            .field("eof", &self.eof)
+            .field("position", &self.position)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Cut points of an in-memory slice as `(offset, length)` pairs; the same as what
+/// [`Chunker`] yields for the same bytes, params and seed.
+///
+/// # Panics
+///
+/// If `params` holds sizes that [`ChunkerParams::new`] rejects.
+pub fn chunk_slice(data: &[u8], params: ChunkerParams, seed: u64) -> Vec<(usize, usize)> {
+    let cutter = Cutter::new(params, seed);
+    let mut cuts = Vec::with_capacity(data.len() / cutter.avg_size + 1);
+    let mut offset = 0;
+    while offset < data.len() {
+        let len = cutter.cut(&data[offset..]);
+        cuts.push((offset, len));
+        offset += len;
+    }
+    cuts
+}
+
+#[cfg(test)]
+#[path = "chunker_tests.rs"]
+mod tests;

@@ -1,0 +1,153 @@
+//! Compression of blobs before they are sealed. The compressed form carries a one-byte
+//! tag naming the codec, so every blob says how to read it back whatever the repository
+//! setting was when it was written. Data that does not shrink is stored raw.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+const TAG_RAW: u8 = 0;
+const TAG_ZSTD: u8 = 1;
+const TAG_LZ4: u8 = 2;
+
+/// The codec a repository uses for new blobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "codec", rename_all = "lowercase")]
+pub enum Compression {
+    None,
+    Zstd { level: i32 },
+    Lz4,
+}
+
+impl Default for Compression {
+    fn default() -> Self {
+        Compression::Zstd { level: 3 }
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compression::None => f.write_str("none"),
+            Compression::Zstd { level } => write!(f, "zstd:{level}"),
+            Compression::Lz4 => f.write_str("lz4"),
+        }
+    }
+}
+
+impl FromStr for Compression {
+    type Err = String;
+
+    /// `zstd`, `zstd:LEVEL` (1–22), `lz4` or `none`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("Unknown compression {s:?}: use zstd, zstd:LEVEL (1-22), lz4 or none");
+        match s.split_once(':') {
+            None if s == "zstd" => Ok(Compression::default()),
+            None if s == "lz4" => Ok(Compression::Lz4),
+            None if s == "none" => Ok(Compression::None),
+            Some(("zstd", level)) => match level.parse::<i32>() {
+                Ok(level @ 1..=22) => Ok(Compression::Zstd { level }),
+                _ => Err(bad()),
+            },
+            _ => Err(bad()),
+        }
+    }
+}
+
+/// Compressed bytes that do not decompress, or decompress to the wrong length.
+#[derive(Debug, thiserror::Error)]
+#[error("Cannot decompress: {0}")]
+pub struct DecompressError(String);
+
+/// Compresses `data` into a tagged buffer; keeps it raw when compression does not help.
+pub fn compress(codec: Compression, data: &[u8]) -> Vec<u8> {
+    let packed = match codec {
+        Compression::None => None,
+        Compression::Zstd { level } => zstd::bulk::compress(data, level).ok(),
+        Compression::Lz4 => Some(lz4_flex::block::compress(data)),
+    };
+    match packed {
+        Some(p) if p.len() < data.len() => {
+            let tag = match codec {
+                Compression::Lz4 => TAG_LZ4,
+                _ => TAG_ZSTD,
+            };
+            let mut out = Vec::with_capacity(p.len() + 1);
+            out.push(tag);
+            out.extend_from_slice(&p);
+            out
+        }
+        _ => {
+            let mut out = Vec::with_capacity(data.len() + 1);
+            out.push(TAG_RAW);
+            out.extend_from_slice(data);
+            out
+        }
+    }
+}
+
+/// Reverses [`compress`]; `raw_len` is the length recorded for the blob.
+pub fn decompress(tagged: &[u8], raw_len: usize) -> Result<Vec<u8>, DecompressError> {
+    let (&tag, body) = tagged
+        .split_first()
+        .ok_or_else(|| DecompressError("empty blob".into()))?;
+    let out = match tag {
+        TAG_RAW => body.to_vec(),
+        TAG_ZSTD => {
+            zstd::bulk::decompress(body, raw_len).map_err(|e| DecompressError(e.to_string()))?
+        }
+        TAG_LZ4 => lz4_flex::block::decompress(body, raw_len)
+            .map_err(|e| DecompressError(e.to_string()))?,
+        other => return Err(DecompressError(format!("unknown codec tag {other}"))),
+    };
+    if out.len() != raw_len {
+        return Err(DecompressError(format!(
+            "expected {raw_len} bytes, got {}",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_codec_round_trips() {
+        let text = b"hello hello hello hello hello hello hello".repeat(100);
+        for codec in [Compression::None, Compression::Lz4, Compression::default()] {
+            let c = compress(codec, &text);
+            assert_eq!(decompress(&c, text.len()).unwrap(), text, "{codec}");
+        }
+    }
+
+    #[test]
+    fn incompressible_data_is_stored_raw() {
+        let noise: Vec<u8> = (0..10_000u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
+        let c = compress(Compression::default(), &noise);
+        assert!(c.len() <= noise.len() + 1);
+        assert_eq!(decompress(&c, noise.len()).unwrap(), noise);
+    }
+
+    #[test]
+    fn compression_names_parse() {
+        assert_eq!(
+            "zstd:19".parse::<Compression>().unwrap(),
+            Compression::Zstd { level: 19 }
+        );
+        assert_eq!("lz4".parse::<Compression>().unwrap(), Compression::Lz4);
+        assert!("zstd:0".parse::<Compression>().is_err());
+        assert!("gzip".parse::<Compression>().is_err());
+    }
+
+    #[test]
+    fn wrong_length_is_an_error() {
+        let c = compress(Compression::default(), &[7u8; 1000]);
+        assert!(decompress(&c, 999).is_err());
+        assert!(decompress(&[9, 1, 2], 2).is_err());
+    }
+}

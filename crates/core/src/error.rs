@@ -1,0 +1,97 @@
+//! The one error type of cairn-core. Every variant names the object or path involved,
+//! so that the binary can print it as it is and a user knows what to look at.
+
+use std::path::PathBuf;
+
+use cairn_storage::StorageError;
+
+use crate::id::{BlobId, PackId};
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+
+    #[error("Wrong password for the repository at {location}: no key file there opens with it")]
+    WrongPassword { location: String },
+
+    #[error("{location} is not a cairn repository (no config file); create one with `cairn init`")]
+    NotARepository { location: String },
+
+    #[error("{location} already holds a repository; use another directory")]
+    RepositoryExists { location: String },
+
+    #[error(
+        "The repository at {location} has format version {found}, but this cairn reads only \
+         versions up to {supported}; upgrade cairn to use it"
+    )]
+    UnsupportedVersion {
+        location: String,
+        found: u32,
+        supported: u32,
+    },
+
+    #[error("{name} in {location} is damaged: {reason}")]
+    CorruptObject {
+        location: String,
+        name: String,
+        reason: String,
+    },
+
+    #[error("Blob {id} is not in the repository's index (an index file is missing or damaged)")]
+    BlobNotInIndex { id: BlobId },
+
+    #[error("Blob {id} in pack {} is damaged: {reason}", pack.storage_name())]
+    BlobDamaged {
+        id: BlobId,
+        pack: PackId,
+        reason: String,
+    },
+
+    #[error("No snapshot matches {spec:?}; `cairn snapshots` lists them")]
+    SnapshotNotFound { spec: String },
+
+    #[error("Snapshot id {spec:?} is ambiguous: it matches {}; give more digits", candidates.join(", "))]
+    SnapshotAmbiguous {
+        spec: String,
+        candidates: Vec<String>,
+    },
+
+    #[error("Path {path} is not in snapshot {snapshot}")]
+    PathNotFound { path: String, snapshot: String },
+
+    #[error("{path} in the snapshot is not a regular file")]
+    NotAFile { path: String },
+
+    #[error(
+        "Target directory {} is not empty; restore into an empty directory, or pass \
+         --overwrite always (replace existing files) or --overwrite never (keep them)",
+        target.display()
+    )]
+    TargetNotEmpty { target: PathBuf },
+
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("Invalid chunker parameters: {0}")]
+    ChunkerParams(#[from] cairn_chunker::ParamsError),
+
+    #[error("{0}")]
+    InvalidInput(String),
+}
+
+impl Error {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! Reading file metadata from the local filesystem into tree nodes, and applying it back
+//! on restore. Linux/Unix only: modes, owners, nanosecond times, xattrs, device numbers.
+
+use std::collections::HashMap;
+use std::fs::Metadata;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use crate::tree::{Node, NodeKind, Xattr};
+
+/// Caches uid → user name and gid → group name lookups for one walk.
+#[derive(Default)]
+pub struct NameCache {
+    users: HashMap<u32, Option<String>>,
+    groups: HashMap<u32, Option<String>>,
+}
+
+impl NameCache {
+    pub fn user(&mut self, uid: u32) -> Option<String> {
+        self.users
+            .entry(uid)
+            .or_insert_with(|| {
+                nix::unistd::User::from_uid(uid.into())
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name)
+            })
+            .clone()
+    }
+
+    pub fn group(&mut self, gid: u32) -> Option<String> {
+        self.groups
+            .entry(gid)
+            .or_insert_with(|| {
+                nix::unistd::Group::from_gid(gid.into())
+                    .ok()
+                    .flatten()
+                    .map(|g| g.name)
+            })
+            .clone()
+    }
+}
+
+/// A node for `md` with an empty xattr list; the caller adds xattrs and the kind.
+pub fn node_from_metadata(
+    name: Vec<u8>,
+    md: &Metadata,
+    kind: NodeKind,
+    names: &mut NameCache,
+) -> Node {
+    Node {
+        name,
+        kind,
+        mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+        user: names.user(md.uid()),
+        group: names.group(md.gid()),
+        mtime_ns: md
+            .mtime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(md.mtime_nsec()),
+        ctime_ns: md
+            .ctime()
+            .saturating_mul(1_000_000_000)
+            .saturating_add(md.ctime_nsec()),
+        inode: md.ino(),
+        device: md.dev(),
+        links: md.nlink(),
+        xattrs: Vec::new(),
+    }
+}
+
+/// Extended attributes of `path` itself (symlinks are not followed). A filesystem without
+/// xattr support has none.
+pub fn read_xattrs(path: &Path) -> io::Result<Vec<Xattr>> {
+    use std::os::unix::ffi::OsStrExt;
+    let names = match xattr::list(path) {
+        Ok(names) => names,
+        Err(e) if is_unsupported(&e) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut out = Vec::new();
+    for name in names {
+        match xattr::get(path, &name) {
+            Ok(Some(value)) => out.push(Xattr {
+                name: name.as_bytes().to_vec(),
+                value,
+            }),
+            // Removed between list and get.
+            Ok(None) => {}
+            Err(e) if is_unsupported(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn is_unsupported(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTSUP) | Some(libc::ENODATA))
+}
+
+/// Applies owner (when `owners`), xattrs, mode and times of `node` to `path`, in the order
+/// that keeps each step from undoing another: chown clears setuid bits, so mode comes after.
+/// Returns the first failure after trying every step.
+pub fn apply(path: &Path, node: &Node, owners: bool) -> io::Result<()> {
+    let is_link = matches!(node.kind, NodeKind::Symlink { .. });
+    let mut first_err: Option<io::Error> = None;
+    let mut note = |r: io::Result<()>| {
+        if let Err(e) = r {
+            first_err.get_or_insert(e);
+        }
+    };
+    if owners {
+        note(std::os::unix::fs::lchown(
+            path,
+            Some(node.uid),
+            Some(node.gid),
+        ));
+    }
+    use std::os::unix::ffi::OsStrExt;
+    for x in &node.xattrs {
+        let name = std::ffi::OsStr::from_bytes(&x.name);
+        match xattr::set(path, name, &x.value) {
+            Err(e) if is_link && e.raw_os_error() == Some(libc::EPERM) => {}
+            r => note(r),
+        }
+    }
+    if !is_link {
+        use std::os::unix::fs::PermissionsExt;
+        note(std::fs::set_permissions(
+            path,
+            std::fs::Permissions::from_mode(node.mode),
+        ));
+    }
+    let mtime = filetime::FileTime::from_unix_time(
+        node.mtime_ns.div_euclid(1_000_000_000),
+        node.mtime_ns.rem_euclid(1_000_000_000) as u32,
+    );
+    note(filetime::set_symlink_file_times(path, mtime, mtime));
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,129 @@
+//! The index: which pack holds each blob, and where. In memory it is one hash map; on
+//! storage it is a set of immutable, sealed index files, each written after the packs it
+//! names are durable.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::crypto::MasterKey;
+use crate::id::{BlobId, PackId};
+use crate::pack::{BlobKind, PackEntry};
+
+const INDEX_VERSION: u32 = 1;
+
+/// The stored form of one index file.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct IndexFile {
+    pub version: u32,
+    pub packs: Vec<IndexedPack>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IndexedPack {
+    pub id: PackId,
+    pub entries: Vec<PackEntry>,
+}
+
+impl IndexFile {
+    pub fn seal(&self, key: &MasterKey) -> Vec<u8> {
+        crate::object::seal(
+            key,
+            &postcard::to_stdvec(self).expect("an index serializes"),
+        )
+    }
+
+    pub fn open(key: &MasterKey, bytes: &[u8]) -> Result<Self, String> {
+        let plain = crate::object::open(key, bytes)?;
+        let file: IndexFile = postcard::from_bytes(&plain).map_err(|e| e.to_string())?;
+        if file.version != INDEX_VERSION {
+            return Err(format!("unknown index version {}", file.version));
+        }
+        Ok(file)
+    }
+
+    pub fn new(packs: Vec<IndexedPack>) -> Self {
+        IndexFile {
+            version: INDEX_VERSION,
+            packs,
+        }
+    }
+}
+
+/// Where to find a blob.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlobLocation {
+    pub pack: PackId,
+    pub kind: BlobKind,
+    pub offset: u32,
+    pub length: u32,
+    pub raw_length: u32,
+}
+
+/// Blob id → location, for every blob of every loaded index file.
+#[derive(Debug, Default)]
+pub struct Index {
+    blobs: HashMap<BlobId, BlobLocation>,
+}
+
+impl Index {
+    pub fn add_pack(&mut self, pack: PackId, entries: &[PackEntry]) {
+        self.blobs.reserve(entries.len());
+        for e in entries {
+            self.blobs.insert(
+                e.id,
+                BlobLocation {
+                    pack,
+                    kind: e.kind,
+                    offset: e.offset,
+                    length: e.length,
+                    raw_length: e.raw_length,
+                },
+            );
+        }
+    }
+
+    pub fn get(&self, id: &BlobId) -> Option<&BlobLocation> {
+        self.blobs.get(id)
+    }
+
+    pub fn contains(&self, id: &BlobId) -> bool {
+        self.blobs.contains_key(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.blobs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.blobs.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_files_round_trip_and_reject_damage() {
+        let key = MasterKey::generate();
+        let entry = PackEntry {
+            id: key.blob_id(b"x"),
+            kind: BlobKind::Tree,
+            offset: 7,
+            length: 50,
+            raw_length: 10,
+        };
+        let file = IndexFile::new(vec![IndexedPack {
+            id: PackId([1; 32]),
+            entries: vec![entry],
+        }]);
+        let bytes = file.seal(&key);
+        let back = IndexFile::open(&key, &bytes).unwrap();
+        assert_eq!(back.packs[0].entries, vec![entry]);
+        let mut bad = bytes.clone();
+        bad[5] ^= 1;
+        assert!(IndexFile::open(&key, &bad).is_err());
+        assert!(IndexFile::open(&key, &bytes[..bytes.len() - 6]).is_err());
+    }
+}

@@ -1,0 +1,25 @@
+//! cairn-core: the repository and the operations on it.
+//!
+//! Layers, top down: [`ops`] (one module per user-visible operation) → [`repo`] (open,
+//! keys, config, blobs, snapshots) → [`writer`], [`pack`], [`index`] → pure pieces
+//! ([`crypto`], [`compress`], [`tree`], [`id`]) → the `cairn-storage` crate.
+//! Nothing here knows about terminals or argument syntax.
+
+pub mod compress;
+pub mod config;
+pub mod crypto;
+pub mod error;
+pub mod fsmeta;
+pub mod id;
+pub mod index;
+pub mod monitor;
+pub mod object;
+pub mod ops;
+pub mod pack;
+pub mod repo;
+pub mod snapshot;
+pub mod tree;
+pub mod writer;
+
+pub use error::{Error, Result};
+pub use repo::{InitOptions, Repository};

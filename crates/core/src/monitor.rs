@@ -1,0 +1,22 @@
+//! How operations report progress and problems that do not stop them, without knowing
+//! whether a terminal, a JSON consumer or nobody is listening.
+
+use std::path::Path;
+
+pub trait Monitor: Sync {
+    /// Something went wrong with one path; the operation skipped it and goes on. The
+    /// operation also counts it in its report, so the exit code can say so.
+    fn problem(&self, path: &Path, error: &dyn std::fmt::Display) {
+        let _ = (path, error);
+    }
+
+    /// A file has been completely handled (`bytes` of content).
+    fn file_done(&self, path: &Path, bytes: u64) {
+        let _ = (path, bytes);
+    }
+}
+
+/// Listens to nothing.
+pub struct NullMonitor;
+
+impl Monitor for NullMonitor {}

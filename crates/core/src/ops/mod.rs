@@ -1,0 +1,6 @@
+//! One module per user-visible operation; each is a library call that returns a report.
+
+pub mod backup;
+pub mod browse;
+pub mod exclude;
+pub mod restore;

@@ -1,0 +1,162 @@
+//! Pack files: many sealed blobs followed by a sealed header that lists them, so that the
+//! index can always be rebuilt from the packs alone.
+//!
+//! ```text
+//! pack   := blob* header header_len:u32le
+//! blob   := seal(codec_tag || compressed bytes)
+//! header := seal(postcard(PackHeader))
+//! ```
+//!
+//! A pack is built in memory and written in one go, so no reader ever sees half of one.
+
+use serde::{Deserialize, Serialize};
+
+use crate::crypto::{MasterKey, SEAL_OVERHEAD};
+use crate::id::{BlobId, PackId};
+
+/// What a blob holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BlobKind {
+    Data,
+    Tree,
+}
+
+/// Where a blob sits in its pack, as recorded in the pack header and in index files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackEntry {
+    pub id: BlobId,
+    pub kind: BlobKind,
+    pub offset: u32,
+    /// Stored (sealed) length.
+    pub length: u32,
+    /// Plaintext length after decompression.
+    pub raw_length: u32,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct PackHeader {
+    version: u32,
+    entries: Vec<PackEntry>,
+}
+
+const PACK_VERSION: u32 = 1;
+
+/// Collects sealed blobs for one pack.
+#[derive(Default)]
+pub struct PackWriter {
+    buf: Vec<u8>,
+    entries: Vec<PackEntry>,
+}
+
+impl PackWriter {
+    pub fn new(capacity: usize) -> Self {
+        PackWriter {
+            buf: Vec::with_capacity(capacity),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Appends a blob that is already compressed and sealed.
+    pub fn add(&mut self, id: BlobId, kind: BlobKind, sealed: &[u8], raw_length: u32) {
+        self.entries.push(PackEntry {
+            id,
+            kind,
+            offset: self.buf.len() as u32,
+            length: sealed.len() as u32,
+            raw_length,
+        });
+        self.buf.extend_from_slice(sealed);
+    }
+
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Appends the sealed header and returns the finished pack, its id and its entries.
+    pub fn finish(mut self, key: &MasterKey) -> (PackId, Vec<u8>, Vec<PackEntry>) {
+        let header = PackHeader {
+            version: PACK_VERSION,
+            entries: self.entries,
+        };
+        let plain = postcard::to_stdvec(&header).expect("a pack header serializes");
+        let sealed = key.seal(&plain);
+        self.buf.extend_from_slice(&sealed);
+        self.buf
+            .extend_from_slice(&(sealed.len() as u32).to_le_bytes());
+        let id = PackId::of_bytes(&self.buf);
+        (id, self.buf, header.entries)
+    }
+}
+
+/// Reads the header of a whole pack file.
+pub fn read_header(key: &MasterKey, pack: &[u8]) -> Result<Vec<PackEntry>, String> {
+    let total = pack.len();
+    if total < 4 {
+        return Err(format!("only {total} bytes long, too short for a pack"));
+    }
+    let header_len = u32::from_le_bytes(pack[total - 4..].try_into().expect("4 bytes")) as usize;
+    if header_len < SEAL_OVERHEAD || header_len > total - 4 {
+        return Err(format!(
+            "header length {header_len} does not fit in {total} bytes (truncated?)"
+        ));
+    }
+    let sealed = &pack[total - 4 - header_len..total - 4];
+    let plain = key.open(sealed).map_err(|e| format!("header: {e}"))?;
+    let header: PackHeader =
+        postcard::from_bytes(&plain).map_err(|e| format!("header does not parse: {e}"))?;
+    if header.version != PACK_VERSION {
+        return Err(format!("unknown pack version {}", header.version));
+    }
+    let body = (total - 4 - header_len) as u64;
+    for e in &header.entries {
+        if e.offset as u64 + e.length as u64 > body {
+            return Err(format!("blob {} lies outside the pack body", e.id));
+        }
+    }
+    Ok(header.entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pack_of(key: &MasterKey, blobs: &[&[u8]]) -> (PackId, Vec<u8>, Vec<PackEntry>) {
+        let mut w = PackWriter::new(1024);
+        for b in blobs {
+            w.add(key.blob_id(b), BlobKind::Data, &key.seal(b), b.len() as u32);
+        }
+        w.finish(key)
+    }
+
+    #[test]
+    fn header_lists_every_blob_where_it_is() {
+        let key = MasterKey::generate();
+        let (id, bytes, entries) = pack_of(&key, &[b"one", b"two two"]);
+        assert_eq!(id, PackId::of_bytes(&bytes));
+        let read = read_header(&key, &bytes).unwrap();
+        assert_eq!(read, entries);
+        for (e, plain) in read.iter().zip([&b"one"[..], b"two two"]) {
+            let sealed = &bytes[e.offset as usize..(e.offset + e.length) as usize];
+            assert_eq!(key.open(sealed).unwrap(), plain);
+            assert_eq!(e.id, key.blob_id(plain));
+        }
+    }
+
+    #[test]
+    fn truncated_or_tampered_packs_are_rejected() {
+        let key = MasterKey::generate();
+        let (_, bytes, _) = pack_of(&key, &[b"one", b"two"]);
+        for cut in [0, 3, 10, bytes.len() - 1] {
+            assert!(read_header(&key, &bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut bad = bytes.clone();
+        let n = bad.len();
+        bad[n - 10] ^= 0x40;
+        assert!(read_header(&key, &bad).is_err());
+        assert!(read_header(&MasterKey::generate(), &bytes).is_err());
+    }
+}

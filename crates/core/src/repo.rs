@@ -1,0 +1,347 @@
+//! The repository: opening and creating one, its key and config, reading blobs, trees and
+//! snapshots, and writing snapshots. How bytes reach the disk is the storage layer's job;
+//! how packs are filled is [`crate::writer`]'s.
+
+use std::sync::Arc;
+
+use cairn_chunker::ChunkerParams;
+use cairn_storage::{Storage, StorageError};
+
+use crate::compress::{self, Compression};
+use crate::config::{ChunkerConfig, Config, VersionOnly, FORMAT_VERSION};
+use crate::crypto::{KdfParams, KeyFile, KeyFileError, MasterKey};
+use crate::error::{Error, Result};
+use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
+use crate::index::{Index, IndexFile, IndexedPack};
+use crate::snapshot::Snapshot;
+use crate::tree::Tree;
+use crate::writer::BlobWriter;
+
+/// Settings fixed when a repository is created.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    pub chunker: ChunkerParams,
+    pub compression: Compression,
+    pub pack_size: u64,
+    pub kdf: KdfParams,
+    pub host: String,
+}
+
+impl Default for InitOptions {
+    fn default() -> Self {
+        InitOptions {
+            chunker: ChunkerParams::DEFAULT,
+            compression: Compression::default(),
+            // 16 MiB: few enough files for object stores, small enough to rewrite in prune.
+            pack_size: 16 << 20,
+            kdf: KdfParams::default(),
+            host: String::new(),
+        }
+    }
+}
+
+/// An open repository: storage, config, master key and the loaded index.
+pub struct Repository {
+    storage: Arc<dyn Storage>,
+    config: Config,
+    key: Arc<MasterKey>,
+    index: Index,
+    /// Index files that could not be read; their blobs are missing from `index`.
+    index_problems: Vec<Error>,
+}
+
+/// All readable snapshots, oldest first, and the ones that could not be read.
+pub struct SnapshotList {
+    pub snapshots: Vec<(SnapshotId, Snapshot)>,
+    pub damaged: Vec<Error>,
+}
+
+impl Repository {
+    /// Creates a repository in empty storage and opens it.
+    pub fn init(storage: Arc<dyn Storage>, password: &[u8], opts: &InitOptions) -> Result<Self> {
+        let location = storage.location();
+        if storage.exists("config")? || !storage.list("keys")?.is_empty() {
+            return Err(Error::RepositoryExists { location });
+        }
+        let key = MasterKey::generate();
+        let key_file = KeyFile::create(&key, password, opts.kdf, &opts.host).to_bytes();
+        storage.write(&KeyId::of_bytes(&key_file).storage_name(), &key_file)?;
+        let config = Config {
+            version: FORMAT_VERSION,
+            id: hex::encode(rand::random::<[u8; 16]>()),
+            chunker: ChunkerConfig::fastcdc(opts.chunker),
+            hash: "blake3-keyed".into(),
+            compression: opts.compression,
+            pack_size: opts.pack_size,
+        };
+        // The config is written last: it is what makes the directory a repository.
+        let bytes = serde_json::to_vec_pretty(&config).expect("a config serializes");
+        storage.write("config", &bytes)?;
+        Ok(Repository {
+            storage,
+            config,
+            key: Arc::new(key),
+            index: Index::default(),
+            index_problems: Vec::new(),
+        })
+    }
+
+    /// Opens a repository with `password` and loads its index.
+    pub fn open(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
+        let config = read_config(storage.as_ref())?;
+        let key = open_key(storage.as_ref(), password)?;
+        let mut repo = Repository {
+            storage,
+            config,
+            key: Arc::new(key),
+            index: Index::default(),
+            index_problems: Vec::new(),
+        };
+        repo.load_index()?;
+        Ok(repo)
+    }
+
+    fn load_index(&mut self) -> Result<()> {
+        for name in self.storage.list("index")? {
+            match self.read_index_file(&name) {
+                Ok(file) => self.absorb(&file.packs),
+                Err(e) => self.index_problems.push(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn read_index_file(&self, name: &str) -> Result<IndexFile> {
+        let bytes = self.storage.read(name)?;
+        self.check_name(name, &bytes)?;
+        IndexFile::open(&self.key, &bytes).map_err(|reason| self.corrupt(name, reason))
+    }
+
+    /// Files are named by the hash of their bytes: a mismatch is damage, found without a key.
+    fn check_name(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let expected = name.rsplit('/').next().unwrap_or(name);
+        let actual = blake3::hash(bytes).to_hex();
+        if actual.as_str() != expected {
+            return Err(self.corrupt(name, "its content does not match its name".into()));
+        }
+        Ok(())
+    }
+
+    fn corrupt(&self, name: &str, reason: String) -> Error {
+        Error::CorruptObject {
+            location: self.storage.location(),
+            name: name.to_string(),
+            reason,
+        }
+    }
+
+    /// Adds packs written by this process to the in-memory index.
+    pub fn absorb(&mut self, packs: &[IndexedPack]) {
+        for p in packs {
+            self.index.add_pack(p.id, &p.entries);
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub fn key(&self) -> &Arc<MasterKey> {
+        &self.key
+    }
+
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.storage
+    }
+
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Index files that could not be read when the repository was opened.
+    pub fn index_problems(&self) -> &[Error] {
+        &self.index_problems
+    }
+
+    pub fn chunker_params(&self) -> Result<ChunkerParams> {
+        let c = &self.config.chunker;
+        Ok(ChunkerParams::new(c.min_size, c.avg_size, c.max_size)?)
+    }
+
+    /// Starts writing new blobs into packs.
+    pub fn blob_writer(&self) -> BlobWriter<'_> {
+        BlobWriter::new(self)
+    }
+
+    /// Reads, decrypts, decompresses and verifies one blob. Never returns wrong bytes: the
+    /// plaintext must hash to the blob's id.
+    pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
+        let loc = self
+            .index
+            .get(id)
+            .ok_or(Error::BlobNotInIndex { id: *id })?;
+        let damaged = |reason: String| Error::BlobDamaged {
+            id: *id,
+            pack: loc.pack,
+            reason,
+        };
+        let sealed = self.storage.read_range(
+            &loc.pack.storage_name(),
+            loc.offset as u64,
+            loc.length as u64,
+        )?;
+        let tagged = self.key.open(&sealed).map_err(|e| damaged(e.to_string()))?;
+        let plain = compress::decompress(&tagged, loc.raw_length as usize)
+            .map_err(|e| damaged(e.to_string()))?;
+        if self.key.blob_id(&plain) != *id {
+            return Err(damaged("its content does not match its id".into()));
+        }
+        Ok(plain)
+    }
+
+    pub fn read_tree(&self, id: &BlobId) -> Result<Tree> {
+        let bytes = self.read_blob(id)?;
+        Tree::from_bytes(&bytes).map_err(|e| Error::BlobDamaged {
+            id: *id,
+            pack: self
+                .index
+                .get(id)
+                .map(|l| l.pack)
+                .unwrap_or(crate::id::PackId([0; 32])),
+            reason: format!("tree does not parse: {e}"),
+        })
+    }
+
+    /// Writes an index file naming `packs`; they must already be durable.
+    pub fn write_index(&self, packs: Vec<IndexedPack>) -> Result<Option<IndexId>> {
+        if packs.is_empty() {
+            return Ok(None);
+        }
+        let bytes = IndexFile::new(packs).seal(&self.key);
+        let id = IndexId::of_bytes(&bytes);
+        self.storage.write(&id.storage_name(), &bytes)?;
+        Ok(Some(id))
+    }
+
+    /// Writes a snapshot: the commit point of a backup.
+    pub fn save_snapshot(&self, snapshot: &Snapshot) -> Result<SnapshotId> {
+        let json = serde_json::to_vec(snapshot).expect("a snapshot serializes");
+        let bytes = crate::object::seal(&self.key, &json);
+        let id = SnapshotId::of_bytes(&bytes);
+        self.storage.write(&id.storage_name(), &bytes)?;
+        Ok(id)
+    }
+
+    pub fn load_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
+        let name = id.storage_name();
+        let bytes = self.storage.read(&name)?;
+        self.check_name(&name, &bytes)?;
+        let json = crate::object::open(&self.key, &bytes).map_err(|r| self.corrupt(&name, r))?;
+        serde_json::from_slice(&json).map_err(|e| self.corrupt(&name, e.to_string()))
+    }
+
+    pub fn snapshot_ids(&self) -> Result<Vec<SnapshotId>> {
+        Ok(self
+            .storage
+            .list("snapshots")?
+            .iter()
+            .filter_map(|n| n.strip_prefix("snapshots/")?.parse().ok())
+            .collect())
+    }
+
+    /// Every snapshot, oldest first.
+    pub fn snapshots(&self) -> Result<SnapshotList> {
+        let mut list = SnapshotList {
+            snapshots: Vec::new(),
+            damaged: Vec::new(),
+        };
+        for id in self.snapshot_ids()? {
+            match self.load_snapshot(&id) {
+                Ok(s) => list.snapshots.push((id, s)),
+                Err(e) => list.damaged.push(e),
+            }
+        }
+        list.snapshots.sort_by_key(|(id, s)| (s.time, *id));
+        Ok(list)
+    }
+
+    /// Resolves `latest`, a full id or a unique prefix of one.
+    pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
+        let not_found = || Error::SnapshotNotFound {
+            spec: spec.to_string(),
+        };
+        if spec == "latest" {
+            return self.snapshots()?.snapshots.pop().ok_or_else(not_found);
+        }
+        let spec_lower = spec.to_ascii_lowercase();
+        if spec.is_empty() || !spec_lower.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(not_found());
+        }
+        let matches: Vec<SnapshotId> = self
+            .snapshot_ids()?
+            .into_iter()
+            .filter(|id| id.to_hex().starts_with(&spec_lower))
+            .collect();
+        match matches.as_slice() {
+            [] => Err(not_found()),
+            [id] => Ok((*id, self.load_snapshot(id)?)),
+            many => Err(Error::SnapshotAmbiguous {
+                spec: spec.to_string(),
+                candidates: many.iter().map(|id| id.short()).collect(),
+            }),
+        }
+    }
+}
+
+fn read_config(storage: &dyn Storage) -> Result<Config> {
+    let location = storage.location();
+    let bytes = match storage.read("config") {
+        Ok(b) => b,
+        Err(StorageError::NotFound { .. }) => return Err(Error::NotARepository { location }),
+        Err(e) => return Err(e.into()),
+    };
+    let corrupt = |reason: String| Error::CorruptObject {
+        location: location.clone(),
+        name: "config".into(),
+        reason,
+    };
+    let version: VersionOnly =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    if version.version > FORMAT_VERSION || version.version == 0 {
+        return Err(Error::UnsupportedVersion {
+            location,
+            found: version.version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))
+}
+
+fn open_key(storage: &dyn Storage, password: &[u8]) -> Result<MasterKey> {
+    let location = storage.location();
+    let names = storage.list("keys")?;
+    if names.is_empty() {
+        return Err(Error::CorruptObject {
+            location,
+            name: "keys/".into(),
+            reason: "there are no key files, so nothing can be decrypted".into(),
+        });
+    }
+    let mut problems = Vec::new();
+    for name in &names {
+        let bytes = storage.read(name)?;
+        match KeyFile::from_bytes(&bytes).and_then(|k| k.open(password)) {
+            Ok(key) => return Ok(key),
+            Err(KeyFileError::WrongPassword) => {}
+            Err(e) => problems.push(format!("{name}: {e}")),
+        }
+    }
+    if problems.len() == names.len() {
+        return Err(Error::CorruptObject {
+            location,
+            name: "keys/".into(),
+            reason: problems.join("; "),
+        });
+    }
+    Err(Error::WrongPassword { location })
+}

@@ -1,0 +1,142 @@
+//! Trees: one directory's entries with their metadata, stored as a blob and named by its
+//! keyed hash, so an unchanged directory is stored once however many snapshots hold it.
+//! File contents are lists of byte ranges of data blobs; names are raw bytes, so names
+//! that are not UTF-8 survive a round trip.
+
+use serde::{Deserialize, Serialize};
+
+use crate::id::BlobId;
+
+/// One directory's entries, sorted by name bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tree {
+    pub nodes: Vec<Node>,
+}
+
+impl Tree {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).expect("a tree serializes")
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        postcard::from_bytes(bytes)
+    }
+
+    pub fn find(&self, name: &[u8]) -> Option<&Node> {
+        self.nodes
+            .binary_search_by(|n| n.name.as_slice().cmp(name))
+            .ok()
+            .map(|i| &self.nodes[i])
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: Vec<u8>,
+    pub kind: NodeKind,
+    /// Permission bits, including setuid, setgid and sticky (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub user: Option<String>,
+    pub group: Option<String>,
+    /// Nanoseconds since the Unix epoch.
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub inode: u64,
+    pub device: u64,
+    /// Hard link count at backup time; above 1, restore links entries with the same
+    /// (device, inode) together.
+    pub links: u64,
+    pub xattrs: Vec<Xattr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeKind {
+    File { size: u64, content: Vec<ContentRef> },
+    Dir { subtree: BlobId },
+    Symlink { target: Vec<u8> },
+    Fifo,
+    Socket,
+    CharDevice { rdev: u64 },
+    BlockDevice { rdev: u64 },
+}
+
+impl NodeKind {
+    /// The word `ls` and `--json` use for this kind.
+    pub fn name(&self) -> &'static str {
+        match self {
+            NodeKind::File { .. } => "file",
+            NodeKind::Dir { .. } => "dir",
+            NodeKind::Symlink { .. } => "symlink",
+            NodeKind::Fifo => "fifo",
+            NodeKind::Socket => "socket",
+            NodeKind::CharDevice { .. } => "chardev",
+            NodeKind::BlockDevice { .. } => "blockdev",
+        }
+    }
+}
+
+/// `len` bytes of blob `blob` starting at `offset`. A file's content is the concatenation
+/// of its refs; today each ref is a whole chunk, but a ref may also point into a chunk
+/// shared by several small files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContentRef {
+    pub blob: BlobId,
+    pub offset: u32,
+    pub len: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Xattr {
+    pub name: Vec<u8>,
+    pub value: Vec<u8>,
+}
+
+/// Whether `name` is safe to join to a directory path: one normal component.
+/// Restore refuses anything else, so a crafted snapshot cannot write outside its target.
+pub fn is_safe_name(name: &[u8]) -> bool {
+    !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &[u8]) -> Node {
+        Node {
+            name: name.to_vec(),
+            kind: NodeKind::Fifo,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            user: None,
+            group: None,
+            mtime_ns: -5,
+            ctime_ns: 0,
+            inode: 1,
+            device: 2,
+            links: 1,
+            xattrs: vec![],
+        }
+    }
+
+    #[test]
+    fn trees_round_trip_with_non_utf8_names() {
+        let tree = Tree {
+            nodes: vec![node(b"a"), node(&[0xff, 0xfe]), node("é".as_bytes())],
+        };
+        assert_eq!(Tree::from_bytes(&tree.to_bytes()).unwrap(), tree);
+        assert!(tree.find(&[0xff, 0xfe]).is_some());
+        assert!(tree.find(b"b").is_none());
+    }
+
+    #[test]
+    fn unsafe_names_are_recognised() {
+        for bad in [&b""[..], b".", b"..", b"a/b", b"/", b"a\0"] {
+            assert!(!is_safe_name(bad), "{bad:?}");
+        }
+        assert!(is_safe_name(b"..."));
+        assert!(is_safe_name(b".hidden"));
+    }
+}

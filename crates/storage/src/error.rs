@@ -1,0 +1,57 @@
+//! The one error type of this crate. Every variant names the object and the store's
+//! location, because a user may have several repositories and needs to know which one
+//! is full, damaged or missing a file.
+
+/// Result of a storage operation.
+pub type Result<T> = std::result::Result<T, StorageError>;
+
+/// What went wrong with a storage operation.
+///
+/// `location` is the store's [`Storage::location`](crate::Storage::location). For
+/// [`StorageError::Io`] the operating system's error is the `source`, not part of the
+/// message, so that error reporters print it once.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StorageError {
+    /// The named file does not exist.
+    #[error("Object {name} not found in {location}")]
+    NotFound { name: String, location: String },
+
+    /// A write found the name already taken; the existing file was left as it was.
+    #[error("Object {name} already exists in {location}")]
+    AlreadyExists { name: String, location: String },
+
+    /// A ranged read reached past the end of the file.
+    #[error(
+        "Object {name} in {location} is too short: reading {len} bytes at offset {offset} \
+         goes past its end at {size} bytes"
+    )]
+    Truncated {
+        name: String,
+        location: String,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+
+    /// The disk or quota ran out while writing; the partial file was removed.
+    #[error("The disk holding the repository {location} is full: nothing was written for {name}")]
+    NoSpace { name: String, location: String },
+
+    /// The name breaks the naming rules of [`Storage`](crate::Storage).
+    #[error(
+        "Invalid object name {name:?} for {location}: names are /-separated components of \
+         ASCII letters, digits, '.', '_' and '-', not '.', '..' or starting with '.tmp-'"
+    )]
+    InvalidName { name: String, location: String },
+
+    /// Any other I/O failure; `op` says what was being done, e.g. "read" or "sync".
+    #[error("Cannot {op} {name} in {location}")]
+    Io {
+        op: &'static str,
+        name: String,
+        location: String,
+        #[source]
+        source: std::io::Error,
+    },
+}

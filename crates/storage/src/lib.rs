@@ -1,0 +1,52 @@
+//! Named, write-once files on some backend: a local directory now, SFTP and S3 later.
+//!
+//! This crate knows nothing of what the bytes mean: no ids, no encryption, no packs.
+//! It promises what a deduplicating repository needs from any backend: relative names,
+//! whole or ranged reads, create-only atomic writes that are durable when they return,
+//! and listings that never show half-written files. Every backend must pass
+//! [`testsuite::run_all`].
+
+mod error;
+mod local;
+mod name;
+pub mod testsuite;
+
+pub use error::{Result, StorageError};
+pub use local::LocalStorage;
+
+/// A store of named, write-once files.
+///
+/// Names are relative paths of `/`-separated components of ASCII letters, digits, `.`,
+/// `_` and `-`, never `.` or `..`, never empty, never starting with `.tmp-` (reserved for
+/// unfinished writes), e.g. `config`, `keys/ab12..`, `data/ab/ab12..`. Every method
+/// rejects other names with [`StorageError::InvalidName`].
+pub trait Storage: Send + Sync + std::fmt::Debug {
+    /// Human-readable location, e.g. `/srv/repo` (used in messages).
+    fn location(&self) -> String;
+
+    /// The whole file.
+    fn read(&self, name: &str) -> Result<Vec<u8>>;
+
+    /// Exactly `len` bytes at `offset`, or [`StorageError::Truncated`].
+    fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>>;
+
+    /// Creates the file. Create-only and atomic: readers see the whole file or nothing,
+    /// even after a crash; durable when it returns. [`StorageError::AlreadyExists`] if
+    /// the name exists (the existing file is untouched). On failure nothing is left
+    /// behind.
+    fn write(&self, name: &str, data: &[u8]) -> Result<()>;
+
+    /// Full names (like `data/ab/abcd..`) of all files below `dir`, recursively, sorted.
+    /// `""` lists the whole store. Temporary files of unfinished writes are never listed;
+    /// a missing directory gives an empty list.
+    fn list(&self, dir: &str) -> Result<Vec<String>>;
+
+    /// Size in bytes, or [`StorageError::NotFound`].
+    fn size(&self, name: &str) -> Result<u64>;
+
+    /// Whether the file exists.
+    fn exists(&self, name: &str) -> Result<bool>;
+
+    /// Removes the file, or [`StorageError::NotFound`] if it is missing.
+    fn delete(&self, name: &str) -> Result<()>;
+}

@@ -1,0 +1,352 @@
+//! The local-directory backend, also used for repositories on mounted network shares.
+//!
+//! A write goes to a temporary file beside its target, is fsynced, then hard-linked into
+//! place: `link` fails if the target exists, which makes creation atomic and create-only
+//! without a separate check that could race. The directory is fsynced afterwards so the
+//! new name survives a crash. Temporary files start with `.tmp-`, a prefix object names
+//! may not use, so a crash can leave one behind but [`Storage::list`] never shows it.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::name::{valid_component, validate_name, TEMP_PREFIX};
+use crate::{Result, Storage, StorageError};
+
+/// A store in a directory of the local file system.
+#[derive(Debug, Clone)]
+pub struct LocalStorage {
+    root: PathBuf,
+}
+
+impl LocalStorage {
+    /// Wraps an existing or not-yet-existing directory; creates nothing. The first write
+    /// creates the directory and any missing parents.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        LocalStorage { root: root.into() }
+    }
+
+    /// The directory holding the store.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The path of a valid name.
+    fn path(&self, name: &str) -> Result<PathBuf> {
+        if !validate_name(name) {
+            return Err(StorageError::InvalidName {
+                name: name.to_owned(),
+                location: self.location(),
+            });
+        }
+        Ok(name
+            .split('/')
+            .fold(self.root.clone(), |path, c| path.join(c)))
+    }
+
+    fn io_error(&self, op: &'static str, name: &str, source: io::Error) -> StorageError {
+        StorageError::Io {
+            op,
+            name: name.to_owned(),
+            location: self.location(),
+            source,
+        }
+    }
+
+    /// For operations on an existing object: a missing file is `NotFound`.
+    fn read_error(&self, op: &'static str, name: &str, source: io::Error) -> StorageError {
+        if is_not_found(&source) {
+            StorageError::NotFound {
+                name: name.to_owned(),
+                location: self.location(),
+            }
+        } else {
+            self.io_error(op, name, source)
+        }
+    }
+
+    /// For operations that create: a full disk or quota is `NoSpace`.
+    fn write_error(&self, op: &'static str, name: &str, source: io::Error) -> StorageError {
+        if is_no_space(&source) {
+            StorageError::NoSpace {
+                name: name.to_owned(),
+                location: self.location(),
+            }
+        } else {
+            self.io_error(op, name, source)
+        }
+    }
+
+    fn truncated(&self, name: &str, offset: u64, len: u64, size: u64) -> StorageError {
+        StorageError::Truncated {
+            name: name.to_owned(),
+            location: self.location(),
+            offset,
+            len,
+            size,
+        }
+    }
+
+    /// Creates `dir` and its missing ancestors, fsyncing each parent so the new
+    /// directories survive a crash along with the file about to be linked into them.
+    fn create_dirs(&self, dir: &Path, name: &str) -> Result<()> {
+        let mut missing = Vec::new();
+        let mut current = dir;
+        loop {
+            match fs::metadata(current) {
+                Ok(_) => break,
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                    missing.push(current);
+                    match current.parent() {
+                        Some(parent) if !parent.as_os_str().is_empty() => current = parent,
+                        _ => break,
+                    }
+                }
+                Err(err) => return Err(self.write_error("create directory for", name, err)),
+            }
+        }
+        for dir in missing.into_iter().rev() {
+            match fs::create_dir(dir) {
+                Ok(()) => {}
+                // Another writer got there first.
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(self.write_error("create directory for", name, err)),
+            }
+            sync_dir(parent_dir(dir)).map_err(|err| self.write_error("sync", name, err))?;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` to a new temporary file in `dir` and fsyncs it.
+    fn write_temp(&self, dir: &Path, name: &str, data: &[u8]) -> Result<TempFile> {
+        let path = dir.join(format!(
+            "{TEMP_PREFIX}{}",
+            hex::encode(rand::random::<[u8; 8]>())
+        ));
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|err| self.write_error("create temporary file for", name, err))?;
+        // From here on the guard removes the file on every error path.
+        let temp = TempFile { path };
+        file.write_all(data)
+            .map_err(|err| self.write_error("write", name, err))?;
+        file.sync_all()
+            .map_err(|err| self.write_error("sync", name, err))?;
+        Ok(temp)
+    }
+}
+
+/// Removes the temporary file when dropped, after success as on failure.
+struct TempFile {
+    path: PathBuf,
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        // Best effort: if this fails too, `list` still never shows the file.
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+impl Storage for LocalStorage {
+    fn location(&self) -> String {
+        self.root.display().to_string()
+    }
+
+    fn read(&self, name: &str) -> Result<Vec<u8>> {
+        let path = self.path(name)?;
+        fs::read(path).map_err(|err| self.read_error("read", name, err))
+    }
+
+    fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let path = self.path(name)?;
+        let mut file = File::open(path).map_err(|err| self.read_error("open", name, err))?;
+        let size = file
+            .metadata()
+            .map_err(|err| self.io_error("read the size of", name, err))?
+            .len();
+        if len > size || offset > size - len {
+            return Err(self.truncated(name, offset, len, size));
+        }
+        let len_in_memory = usize::try_from(len).map_err(|_| {
+            self.io_error(
+                "read",
+                name,
+                io::Error::other("Range does not fit in memory"),
+            )
+        })?;
+        file.seek(SeekFrom::Start(offset))
+            .map_err(|err| self.io_error("seek in", name, err))?;
+        let mut buf = vec![0; len_in_memory];
+        match file.read_exact(&mut buf) {
+            Ok(()) => Ok(buf),
+            // The file shrank after we looked at its size.
+            Err(err) if err.kind() == io::ErrorKind::UnexpectedEof => {
+                Err(self.truncated(name, offset, len, size))
+            }
+            Err(err) => Err(self.io_error("read", name, err)),
+        }
+    }
+
+    fn write(&self, name: &str, data: &[u8]) -> Result<()> {
+        let path = self.path(name)?;
+        let already_exists = || StorageError::AlreadyExists {
+            name: name.to_owned(),
+            location: self.location(),
+        };
+        // Not needed for correctness (the link below decides), but spares writing and
+        // syncing the data in the common case of a duplicate.
+        if fs::symlink_metadata(&path).is_ok() {
+            return Err(already_exists());
+        }
+        let dir = parent_dir(&path);
+        self.create_dirs(dir, name)?;
+        let temp = self.write_temp(dir, name, data)?;
+        match fs::hard_link(&temp.path, &path) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => return Err(already_exists()),
+            Err(err) => return Err(self.write_error("link", name, err)),
+        }
+        drop(temp);
+        if let Err(err) = sync_dir(dir) {
+            // The name may not survive a crash, so do not report it as written; removing
+            // it keeps the promise that a failed write leaves nothing behind.
+            let _ = fs::remove_file(&path);
+            return Err(self.write_error("sync", name, err));
+        }
+        Ok(())
+    }
+
+    fn list(&self, dir: &str) -> Result<Vec<String>> {
+        let path = if dir.is_empty() {
+            self.root.clone()
+        } else {
+            self.path(dir)?
+        };
+        let mut names = Vec::new();
+        self.walk(&path, dir, &mut names)?;
+        names.sort_unstable();
+        Ok(names)
+    }
+
+    fn size(&self, name: &str) -> Result<u64> {
+        let path = self.path(name)?;
+        let metadata = fs::metadata(path).map_err(|err| self.read_error("stat", name, err))?;
+        if !metadata.is_file() {
+            // A directory is not an object.
+            return Err(self.read_error("stat", name, io::ErrorKind::NotFound.into()));
+        }
+        Ok(metadata.len())
+    }
+
+    fn exists(&self, name: &str) -> Result<bool> {
+        let path = self.path(name)?;
+        match fs::metadata(path) {
+            Ok(metadata) => Ok(metadata.is_file()),
+            Err(err) if is_not_found(&err) => Ok(false),
+            Err(err) => Err(self.io_error("stat", name, err)),
+        }
+    }
+
+    fn delete(&self, name: &str) -> Result<()> {
+        let path = self.path(name)?;
+        fs::remove_file(&path).map_err(|err| self.read_error("delete", name, err))?;
+        sync_dir(parent_dir(&path)).map_err(|err| self.io_error("sync", name, err))
+    }
+}
+
+impl LocalStorage {
+    /// Appends the names of the files below `path` (whose name is `prefix`) to `names`.
+    fn walk(&self, path: &Path, prefix: &str, names: &mut Vec<String>) -> Result<()> {
+        let list_error = |err: io::Error| self.io_error("list", prefix, err);
+        let entries = match fs::read_dir(path) {
+            Ok(entries) => entries,
+            // A missing directory (or a file where one was expected) holds no objects.
+            Err(err) if is_not_found(&err) => return Ok(()),
+            Err(err) => return Err(list_error(err)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(list_error)?;
+            let file_name = entry.file_name();
+            // Skips temporary files, and anything else no valid name could have written
+            // (non-UTF-8 names, editor backups with spaces, ...).
+            let Some(file_name) = file_name.to_str().filter(|n| valid_component(n)) else {
+                continue;
+            };
+            let name = if prefix.is_empty() {
+                file_name.to_owned()
+            } else {
+                format!("{prefix}/{file_name}")
+            };
+            let mut file_type = entry.file_type().map_err(list_error)?;
+            if file_type.is_symlink() {
+                // Follow links, e.g. a data directory moved to another disk.
+                match fs::metadata(entry.path()) {
+                    Ok(metadata) => file_type = metadata.file_type(),
+                    Err(err) if is_not_found(&err) => continue,
+                    Err(err) => return Err(self.io_error("list", &name, err)),
+                }
+            }
+            if file_type.is_dir() {
+                self.walk(&entry.path(), &name, names)?;
+            } else if file_type.is_file() {
+                names.push(name);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
+/// Makes the directory's entries (new, renamed or removed names) durable.
+#[cfg(unix)]
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    match File::open(dir)?.sync_all() {
+        // Some file systems (certain FUSE and network ones) cannot sync directories;
+        // restic ignores these errors too, as there is nothing better to do.
+        Err(err)
+            if matches!(
+                err.kind(),
+                io::ErrorKind::InvalidInput | io::ErrorKind::Unsupported
+            ) =>
+        {
+            Ok(())
+        }
+        result => result,
+    }
+}
+
+/// Windows cannot open directories as files; NTFS journals its directory updates.
+#[cfg(not(unix))]
+fn sync_dir(_dir: &Path) -> io::Result<()> {
+    Ok(())
+}
+
+/// A missing file, or a path through a file as if it were a directory (ENOTDIR).
+fn is_not_found(err: &io::Error) -> bool {
+    const ENOTDIR: i32 = 20;
+    err.kind() == io::ErrorKind::NotFound || (cfg!(unix) && err.raw_os_error() == Some(ENOTDIR))
+}
+
+/// ENOSPC, or EDQUOT (122 on Linux, 69 on macOS and the BSDs).
+fn is_no_space(err: &io::Error) -> bool {
+    const ENOSPC: i32 = 28;
+    const EDQUOT: i32 = if cfg!(any(target_os = "linux", target_os = "android")) {
+        122
+    } else {
+        69
+    };
+    cfg!(unix) && matches!(err.raw_os_error(), Some(ENOSPC | EDQUOT))
+}
+
+#[cfg(test)]
+#[path = "local_tests.rs"]
+mod tests;

@@ -1,0 +1,140 @@
+use std::fs;
+use std::io;
+
+use super::*;
+use crate::testsuite;
+
+fn store() -> (tempfile::TempDir, LocalStorage) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = LocalStorage::new(dir.path().join("repo"));
+    (dir, storage)
+}
+
+/// Every file under `root`, temporary or not.
+fn all_files(root: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn local_storage_passes_the_conformance_suite() {
+    let (_dir, storage) = store();
+    testsuite::run_all(&storage);
+    let leftovers: Vec<_> = all_files(storage.root())
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(TEMP_PREFIX))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "temporary files left behind: {leftovers:?}"
+    );
+}
+
+#[test]
+fn new_creates_nothing_and_a_missing_root_is_an_empty_store() {
+    let (_dir, storage) = store();
+    assert!(!storage.root().exists());
+    assert_eq!(storage.list("").unwrap(), Vec::<String>::new());
+    assert!(!storage.exists("config").unwrap());
+    assert!(matches!(
+        storage.read("config"),
+        Err(StorageError::NotFound { .. })
+    ));
+    assert!(!storage.root().exists());
+}
+
+#[test]
+fn write_creates_the_root_and_parent_directories() {
+    let (_dir, storage) = store();
+    storage.write("data/ab/ab12", b"chunk").unwrap();
+    assert_eq!(
+        fs::read(storage.root().join("data/ab/ab12")).unwrap(),
+        b"chunk"
+    );
+}
+
+#[test]
+fn leftover_temporary_file_from_a_crash_is_not_listed() {
+    let (_dir, storage) = store();
+    storage.write("data/ab/ab12", b"chunk").unwrap();
+    fs::write(storage.root().join("data/ab/.tmp-xyz"), b"half").unwrap();
+    fs::create_dir_all(storage.root().join("data/cd")).unwrap();
+    fs::write(storage.root().join("data/cd/.tmp-0123456789abcdef"), b"").unwrap();
+    assert_eq!(storage.list("data").unwrap(), ["data/ab/ab12"]);
+    assert_eq!(storage.list("").unwrap(), ["data/ab/ab12"]);
+}
+
+#[test]
+fn files_no_valid_name_could_have_written_are_not_listed() {
+    let (_dir, storage) = store();
+    storage.write("keys/k1", b"key").unwrap();
+    fs::write(storage.root().join("keys/k1 copy"), b"").unwrap();
+    assert_eq!(storage.list("keys").unwrap(), ["keys/k1"]);
+}
+
+#[cfg(unix)]
+#[test]
+fn listing_follows_a_symlinked_directory() {
+    let (dir, storage) = store();
+    let elsewhere = LocalStorage::new(dir.path().join("elsewhere"));
+    elsewhere.write("ab/ab12", b"chunk").unwrap();
+    fs::create_dir_all(storage.root()).unwrap();
+    std::os::unix::fs::symlink(elsewhere.root(), storage.root().join("data")).unwrap();
+    assert_eq!(storage.list("").unwrap(), ["data/ab/ab12"]);
+    assert_eq!(storage.read("data/ab/ab12").unwrap(), b"chunk");
+}
+
+#[test]
+fn failed_write_leaves_nothing_behind() {
+    let (_dir, storage) = store();
+    storage.write("config", b"x").unwrap();
+    // "config" is a file, so no directory can be made there.
+    let err = storage.write("config/inner", b"y").unwrap_err();
+    assert!(matches!(err, StorageError::Io { .. }), "{err:?}");
+    assert_eq!(all_files(storage.root()), [storage.root().join("config")]);
+}
+
+#[test]
+fn error_messages_name_the_object_and_the_location() {
+    let (_dir, storage) = store();
+    let location = storage.root().display().to_string();
+    let err = storage.read("data/ab/ab12").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!("Object data/ab/ab12 not found in {location}")
+    );
+    storage.write("config", b"x").unwrap();
+    let err = storage.write("config/inner", b"y").unwrap_err();
+    assert!(err.to_string().starts_with("Cannot "), "{err}");
+    assert!(err.to_string().contains(&location), "{err}");
+    assert!(std::error::Error::source(&err).is_some());
+}
+
+#[test]
+fn full_disk_and_quota_errors_become_no_space() {
+    assert!(is_no_space(&io::Error::from_raw_os_error(28)));
+    #[cfg(target_os = "linux")]
+    assert!(is_no_space(&io::Error::from_raw_os_error(122)));
+    assert!(!is_no_space(&io::Error::from_raw_os_error(13)));
+    let (_dir, storage) = store();
+    let err = storage.write_error("write", "data/ab/ab12", io::Error::from_raw_os_error(28));
+    assert!(matches!(err, StorageError::NoSpace { .. }));
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "The disk holding the repository {} is full: nothing was written for data/ab/ab12",
+            storage.location()
+        )
+    );
+}
