@@ -1,1 +1,34 @@
-fn main() {}
+//! The `cairn` binary: parse the command line, run one command from `commands/`, and turn
+//! the outcome into an exit code. Everything else lives in cairn-core.
+
+mod args;
+mod commands;
+mod context;
+mod output;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+/// Exit code when a backup finished but some source files could not be read.
+pub const EXIT_PARTIAL: u8 = 3;
+
+fn main() -> ExitCode {
+    let cli = args::Cli::parse();
+    match commands::run(cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `cairn cat ... | head` is not an error.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

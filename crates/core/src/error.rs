@@ -73,7 +73,7 @@ pub enum Error {
     )]
     TargetNotEmpty { target: PathBuf },
 
-    #[error("{}: {source}", path.display())]
+    #[error("{}", path.display())]
     Io {
         path: PathBuf,
         #[source]
@@ -85,6 +85,19 @@ pub enum Error {
 
     #[error("{0}")]
     InvalidInput(String),
+}
+
+/// An error and all its sources on one line, `outer: inner: innermost`, for messages
+/// that are stored as text (problem lists in reports).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
 
 impl Error {

@@ -23,3 +23,6 @@ pub mod writer;
 
 pub use error::{Error, Result};
 pub use repo::{InitOptions, Repository};
+
+pub use cairn_chunker as chunker;
+pub use cairn_storage as storage;

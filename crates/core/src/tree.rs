@@ -124,7 +124,7 @@ mod tests {
     #[test]
     fn trees_round_trip_with_non_utf8_names() {
         let tree = Tree {
-            nodes: vec![node(b"a"), node(&[0xff, 0xfe]), node("é".as_bytes())],
+            nodes: vec![node(b"a"), node("é".as_bytes()), node(&[0xff, 0xfe])],
         };
         assert_eq!(Tree::from_bytes(&tree.to_bytes()).unwrap(), tree);
         assert!(tree.find(&[0xff, 0xfe]).is_some());

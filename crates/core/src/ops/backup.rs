@@ -357,7 +357,10 @@ impl<'r, 'o> Archiver<'r, 'o> {
                 // Not fatal: the directory is read in full instead.
                 self.monitor.problem(
                     path,
-                    &format!("parent snapshot unreadable here, reading all files: {e}"),
+                    &format!(
+                        "parent snapshot unreadable here, reading all files: {}",
+                        crate::error::chain(&e)
+                    ),
                 );
                 None
             }

@@ -129,7 +129,13 @@ impl Restorer<'_> {
         let tree = match self.repo.read_tree(tree) {
             Ok(t) => t,
             Err(e) => {
-                self.problem(dir, &format!("directory contents not restored: {e}"));
+                self.problem(
+                    dir,
+                    &format!(
+                        "directory contents not restored: {}",
+                        crate::error::chain(&e)
+                    ),
+                );
                 return Ok(());
             }
         };
@@ -310,7 +316,7 @@ impl Restorer<'_> {
             let blob = self
                 .repo
                 .read_blob(&part.blob)
-                .map_err(|e| format!("not restored, {e}"))?;
+                .map_err(|e| format!("not restored, {}", crate::error::chain(&e)))?;
             let range = blob
                 .get(part.offset as usize..(part.offset + part.len) as usize)
                 .ok_or_else(|| format!("content reference outside blob {}", part.blob))?;

@@ -1,0 +1,202 @@
+//! The command line, as clap sees it. Only syntax and validation that needs no I/O lives
+//! here; `commands/` turns these into core options.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cairn",
+    version,
+    about = "Fast, deduplicating, compressed, encrypted backups",
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command takes, before or after its name.
+#[derive(Debug, Args, Clone)]
+pub struct GlobalArgs {
+    /// Repository path (default: $XDG_DATA_HOME/cairn/default, created on first backup)
+    #[arg(short = 'r', long = "repo", env = "CAIRN_REPOSITORY", global = true)]
+    pub repo: Option<String>,
+    /// Read the repository password from the first line of this file
+    #[arg(long, env = "CAIRN_PASSWORD_FILE", global = true)]
+    pub password_file: Option<PathBuf>,
+    /// Run this shell command and use the first line it prints as the password
+    #[arg(long, env = "CAIRN_PASSWORD_COMMAND", global = true)]
+    pub password_command: Option<String>,
+    /// Print machine-readable JSON on standard output
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Print nothing but errors
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create a repository
+    Init(InitArgs),
+    /// Back up files and directories
+    Backup(BackupArgs),
+    /// List snapshots
+    Snapshots,
+    /// List the files in a snapshot
+    Ls(LsArgs),
+    /// Print a file from a snapshot to standard output
+    Cat(CatArgs),
+    /// Restore a snapshot, or part of one, into a directory
+    Restore(RestoreArgs),
+    /// Show how files are cut into chunks (offset, length, id of each)
+    Chunk(ChunkArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InitArgs {
+    /// Smallest chunk (e.g. 512K)
+    #[arg(long, value_parser = parse_size)]
+    pub chunk_min: Option<u32>,
+    /// Average chunk (e.g. 1M)
+    #[arg(long, value_parser = parse_size)]
+    pub chunk_avg: Option<u32>,
+    /// Largest chunk (e.g. 8M)
+    #[arg(long, value_parser = parse_size)]
+    pub chunk_max: Option<u32>,
+    /// zstd, zstd:LEVEL (1-22), lz4 or none
+    #[arg(long, default_value = "zstd:3")]
+    pub compression: String,
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// Files and directories to back up
+    #[arg(required_unless_present = "stdin")]
+    pub paths: Vec<PathBuf>,
+    /// Leave out what matches GLOB (a name anywhere, or an absolute path if it has a '/')
+    #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
+    pub excludes: Vec<String>,
+    /// Read exclude patterns from FILE, one per line
+    #[arg(long = "exclude-file", value_name = "FILE")]
+    pub exclude_files: Vec<PathBuf>,
+    /// Tag the snapshot (repeatable)
+    #[arg(long = "tag")]
+    pub tags: Vec<String>,
+    /// Host name to record (default: this machine's)
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Do not cross into other filesystems
+    #[arg(short = 'x', long)]
+    pub one_file_system: bool,
+    /// Back up standard input as one file
+    #[arg(long, conflicts_with = "paths", requires = "stdin_filename")]
+    pub stdin: bool,
+    /// Name of the file that --stdin creates
+    #[arg(long, value_name = "NAME")]
+    pub stdin_filename: Option<String>,
+    /// Compare with this snapshot instead of the latest one of the same host and paths
+    #[arg(long, value_name = "SNAPSHOT")]
+    pub parent: Option<String>,
+    /// Read every file, even those whose metadata is unchanged
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Snapshot id, unique prefix, or `latest`
+    pub snapshot: String,
+    /// List only below this path
+    pub path: Option<String>,
+    /// Long format: mode, owner, group, size, time
+    #[arg(short, long)]
+    pub long: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CatArgs {
+    /// Snapshot id, unique prefix, or `latest`
+    pub snapshot: String,
+    /// Absolute path of a file in the snapshot
+    pub path: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// SNAPSHOT or SNAPSHOT:SUBPATH (then SUBPATH's contents land in the target)
+    pub snapshot: String,
+    /// Directory to restore into (created if missing)
+    #[arg(short, long)]
+    pub target: PathBuf,
+    /// Re-read every restored file and check it
+    #[arg(long)]
+    pub verify: bool,
+    /// Restore into a non-empty target: `always` replaces existing files, `never` keeps them
+    #[arg(long, value_name = "MODE")]
+    pub overwrite: Option<OverwriteArg>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OverwriteArg {
+    Always,
+    Never,
+}
+
+#[derive(Debug, Args)]
+pub struct ChunkArgs {
+    /// Files to chunk
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    #[arg(long, value_parser = parse_size)]
+    pub min: Option<u32>,
+    #[arg(long, value_parser = parse_size)]
+    pub avg: Option<u32>,
+    #[arg(long, value_parser = parse_size)]
+    pub max: Option<u32>,
+}
+
+/// `4096`, `64K`, `1M`, `1MiB`, `2G`: binary units.
+pub fn parse_size(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 4096, 64K or 1M"))?;
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M or G)")),
+    };
+    n.checked_mul(mult)
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert!(parse_size("1X").is_err());
+        assert!(parse_size("8G").is_err());
+    }
+
+    #[test]
+    fn global_flags_work_after_the_command() {
+        let cli = Cli::try_parse_from(["cairn", "snapshots", "--json", "-r", "/x"]).unwrap();
+        assert!(cli.global.json);
+        assert_eq!(cli.global.repo.as_deref(), Some("/x"));
+    }
+}

@@ -1,0 +1,100 @@
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use cairn_core::ops::backup::{self, BackupOptions, BackupReport};
+use cairn_core::ops::exclude::Excludes;
+
+use crate::args::{BackupArgs, GlobalArgs};
+use crate::output::{self, StderrMonitor};
+use crate::{context, EXIT_PARTIAL};
+
+pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
+    let mut excludes = a.excludes.clone();
+    for file in &a.exclude_files {
+        excludes.extend(Excludes::read_file(file)?);
+    }
+    let mut repo = context::open_or_create_default(g)?;
+    let parent = match &a.parent {
+        Some(spec) => Some(repo.find_snapshot(spec)?.0),
+        None => None,
+    };
+    let opts = BackupOptions {
+        paths: a.paths.clone(),
+        excludes,
+        tags: a.tags.clone(),
+        host: a
+            .host
+            .clone()
+            .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
+        username: std::env::var("USER").unwrap_or_default(),
+        one_file_system: a.one_file_system,
+        parent,
+        force: a.force,
+    };
+    let report = if a.stdin {
+        let name = a
+            .stdin_filename
+            .as_deref()
+            .context("--stdin needs --stdin-filename NAME")?;
+        let mut stdin = std::io::stdin().lock();
+        backup::backup_stdin(&mut repo, name, &mut stdin, &opts, &StderrMonitor)?
+    } else {
+        backup::backup(&mut repo, &opts, &StderrMonitor)?
+    };
+    print(g, &report)?;
+    Ok(if report.stats.errors.is_empty() {
+        0
+    } else {
+        EXIT_PARTIAL
+    })
+}
+
+fn print(g: &GlobalArgs, r: &BackupReport) -> Result<()> {
+    let s = &r.stats;
+    if g.json {
+        let mut v = serde_json::to_value(s)?;
+        v["snapshot_id"] = r.snapshot_id.to_hex().into();
+        v["short_id"] = r.snapshot_id.short().into();
+        v["parent"] = r.parent.map(|p| p.to_hex()).into();
+        return output::json(&v);
+    }
+    if g.quiet {
+        return Ok(());
+    }
+    let mut out = std::io::stdout().lock();
+    if let Some(p) = r.parent {
+        writeln!(out, "Parent:   snapshot {}", p.short())?;
+    }
+    writeln!(
+        out,
+        "Files:    {} new, {} changed, {} unchanged",
+        s.files_new, s.files_changed, s.files_unchanged
+    )?;
+    writeln!(
+        out,
+        "Dirs:     {}   Others: {}   Excluded: {}",
+        s.dirs, s.others, s.excluded
+    )?;
+    writeln!(
+        out,
+        "Read:     {} of {}",
+        output::size(s.bytes_read),
+        output::size(s.total_bytes)
+    )?;
+    writeln!(
+        out,
+        "Added:    {} stored ({} before compression, {} new blobs)",
+        output::size(s.bytes_added),
+        output::size(s.raw_bytes_added),
+        s.blobs_added
+    )?;
+    writeln!(out, "Duration: {}", output::seconds(s.duration_ms))?;
+    writeln!(out, "snapshot {} saved", r.snapshot_id.short())?;
+    if !s.errors.is_empty() {
+        eprintln!(
+            "warning: {} path(s) could not be backed up (listed above); they are not in this snapshot",
+            s.errors.len()
+        );
+    }
+    Ok(())
+}

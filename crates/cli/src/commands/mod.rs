@@ -1,0 +1,27 @@
+//! One file per command: each converts its arguments into core options, calls one core
+//! operation, and prints the report for people or as JSON.
+
+mod backup;
+mod browse;
+mod chunk;
+mod init;
+mod restore;
+mod snapshots;
+
+use anyhow::Result;
+
+use crate::args::{Cli, Command};
+
+/// Runs the command; returns the exit code.
+pub fn run(cli: Cli) -> Result<u8> {
+    let g = &cli.global;
+    match cli.command {
+        Command::Init(a) => init::run(g, a),
+        Command::Backup(a) => backup::run(g, a),
+        Command::Snapshots => snapshots::run(g),
+        Command::Ls(a) => browse::ls(g, a),
+        Command::Cat(a) => browse::cat(g, a),
+        Command::Restore(a) => restore::run(g, a),
+        Command::Chunk(a) => chunk::run(g, a),
+    }
+}

@@ -1,0 +1,58 @@
+use anyhow::Result;
+use cairn_core::ops::restore::{self, Overwrite, RestoreOptions};
+
+use crate::args::{GlobalArgs, OverwriteArg, RestoreArgs};
+use crate::context;
+use crate::output::{self, StderrMonitor};
+
+pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
+    let (spec, subpath) = match a.snapshot.split_once(':') {
+        Some((s, p)) => (s, Some(p.as_bytes().to_vec())),
+        None => (a.snapshot.as_str(), None),
+    };
+    let repo = context::open(g)?;
+    let (id, snapshot) = repo.find_snapshot(spec)?;
+    let opts = RestoreOptions {
+        target: a.target.clone(),
+        subpath,
+        verify: a.verify,
+        overwrite: a.overwrite.map(|o| match o {
+            OverwriteArg::Always => Overwrite::Always,
+            OverwriteArg::Never => Overwrite::Never,
+        }),
+        owners: nix_is_root(),
+    };
+    let stats = restore::restore(&repo, &snapshot, &opts, &StderrMonitor)?;
+    if g.json {
+        let mut v = serde_json::to_value(&stats)?;
+        v["snapshot_id"] = id.to_hex().into();
+        output::json(&v)?;
+    } else if !g.quiet {
+        println!(
+            "Restored snapshot {} to {}: {} files ({}), {} dirs, {} links and special files{}{} in {}",
+            id.short(),
+            a.target.display(),
+            stats.files_restored,
+            output::size(stats.bytes_restored),
+            stats.dirs_restored,
+            stats.others_restored + stats.hardlinks_restored,
+            if stats.files_skipped > 0 { format!(", {} existing kept", stats.files_skipped) } else { String::new() },
+            if a.verify { format!(", {} verified", stats.files_verified) } else { String::new() },
+            output::seconds(stats.duration_ms),
+        );
+    }
+    if stats.errors.is_empty() {
+        Ok(0)
+    } else {
+        eprintln!(
+            "error: {} path(s) could not be restored (listed above); everything else was",
+            stats.errors.len()
+        );
+        Ok(1)
+    }
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}

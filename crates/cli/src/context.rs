@@ -1,0 +1,182 @@
+//! Finding the repository and its password: `-r`/`CAIRN_REPOSITORY` or the default
+//! repository, and the password from a file, a command, `CAIRN_PASSWORD`, the default
+//! repository's key file, or a prompt on a terminal, in that order.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cairn_core::repo::{InitOptions, Repository};
+use cairn_core::storage::LocalStorage;
+
+use crate::args::GlobalArgs;
+
+/// Where the repository is and, for the default one, where its key file is.
+pub struct Location {
+    pub path: PathBuf,
+    /// Set when no repository was named: the default one, keyed by this file.
+    pub default_key: Option<PathBuf>,
+}
+
+pub fn locate(global: &GlobalArgs) -> Result<Location> {
+    if let Some(repo) = &global.repo {
+        if repo.is_empty() {
+            bail!("The repository given with -r/--repo or CAIRN_REPOSITORY is empty");
+        }
+        return Ok(Location {
+            path: PathBuf::from(repo),
+            default_key: None,
+        });
+    }
+    let data = dirs::data_dir().context(
+        "No repository given and no data directory for the default one: pass -r/--repo or set XDG_DATA_HOME",
+    )?;
+    let config = dirs::config_dir().context(
+        "No repository given and no config directory for the default key: pass -r/--repo or set XDG_CONFIG_HOME",
+    )?;
+    Ok(Location {
+        path: data.join("cairn").join("default"),
+        default_key: Some(config.join("cairn").join("default.key")),
+    })
+}
+
+/// The password given explicitly, if any.
+fn given_password(global: &GlobalArgs) -> Result<Option<String>> {
+    if let Some(file) = &global.password_file {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("Cannot read the password file {}", file.display()))?;
+        return Ok(Some(first_line(&text)));
+    }
+    if let Some(cmd) = &global.password_command {
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .with_context(|| format!("Cannot run the password command {cmd:?}"))?;
+        if !out.status.success() {
+            bail!("The password command {cmd:?} failed ({})", out.status);
+        }
+        return Ok(Some(first_line(&String::from_utf8_lossy(&out.stdout))));
+    }
+    Ok(std::env::var("CAIRN_PASSWORD").ok())
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or("").to_string()
+}
+
+fn prompt(confirm: bool) -> Result<String> {
+    if !std::io::stdin().is_terminal() {
+        bail!(
+            "No password given: set CAIRN_PASSWORD, or pass --password-file or --password-command"
+        );
+    }
+    let pw = rpassword::prompt_password("Repository password: ")?;
+    if confirm && rpassword::prompt_password("Repeat the password: ")? != pw {
+        bail!("The passwords do not match");
+    }
+    if pw.is_empty() {
+        bail!("An empty password is not allowed");
+    }
+    Ok(pw)
+}
+
+fn storage_at(path: &Path) -> Arc<LocalStorage> {
+    Arc::new(LocalStorage::new(path))
+}
+
+/// Opens the repository named by the global options.
+pub fn open(global: &GlobalArgs) -> Result<Repository> {
+    let loc = locate(global)?;
+    let password = match (given_password(global)?, &loc.default_key) {
+        (Some(pw), _) => pw,
+        (None, Some(key)) => {
+            if !loc.path.join("config").exists() {
+                bail!(
+                    "No repository given, and the default repository {} does not exist yet: \
+                     `cairn backup PATH` creates it, or pass -r/--repo",
+                    loc.path.display()
+                );
+            }
+            read_default_key(key, &loc.path)?
+        }
+        (None, None) => prompt(false)?,
+    };
+    let repo = Repository::open(storage_at(&loc.path), password.as_bytes())?;
+    for problem in repo.index_problems() {
+        eprintln!("warning: {}", cairn_core::error::chain(problem));
+    }
+    Ok(repo)
+}
+
+fn read_default_key(key: &Path, repo: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(key).with_context(|| {
+        format!(
+            "The default repository {} is locked by the key file {}, which cannot be read; \
+             restore that file, or give the password with CAIRN_PASSWORD",
+            repo.display(),
+            key.display()
+        )
+    })?;
+    Ok(first_line(&text))
+}
+
+/// Creates a repository at the location named by the global options.
+pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
+    let loc = locate(global)?;
+    let password = match (given_password(global)?, &loc.default_key) {
+        (Some(pw), _) => pw,
+        (None, Some(key)) => create_default_key(key)?,
+        (None, None) => prompt(true)?,
+    };
+    if password.is_empty() {
+        bail!("An empty password is not allowed");
+    }
+    let repo = Repository::init(storage_at(&loc.path), password.as_bytes(), opts)?;
+    if let Some(key) = &loc.default_key {
+        if given_password(global)?.is_none() {
+            eprintln!(
+                "Created the default repository {}.\n\
+                 Its key is in {} - without that file these backups cannot be restored.\n\
+                 Keep a copy of it somewhere other than this machine.",
+                loc.path.display(),
+                key.display()
+            );
+        }
+    }
+    Ok(repo)
+}
+
+/// Opens the repository, creating the default one on first use.
+pub fn open_or_create_default(global: &GlobalArgs) -> Result<Repository> {
+    let loc = locate(global)?;
+    if loc.default_key.is_some() && !loc.path.join("config").exists() {
+        return init(global, &InitOptions::default());
+    }
+    open(global)
+}
+
+fn create_default_key(key: &Path) -> Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if key.exists() {
+        // A key left by an earlier attempt: reuse it rather than lock anything out.
+        return read_default_key(key, key);
+    }
+    if let Some(dir) = key.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("Cannot create {}", dir.display()))?;
+    }
+    let password = hex::encode(rand::random::<[u8; 32]>());
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(key)
+        .with_context(|| format!("Cannot create the key file {}", key.display()))?;
+    f.write_all(format!("{password}\n").as_bytes())
+        .and_then(|_| f.sync_all())
+        .with_context(|| format!("Cannot write the key file {}", key.display()))?;
+    Ok(password)
+}

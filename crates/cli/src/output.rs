@@ -1,0 +1,79 @@
+//! Formatting for people: sizes, times, and the monitor that prints problems as they happen.
+
+use std::io::Write;
+use std::path::Path;
+
+use cairn_core::monitor::Monitor;
+
+/// `1.5 MiB`.
+pub fn size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+/// A timestamp in the local time zone, to the second.
+pub fn local_time(t: jiff::Timestamp) -> String {
+    t.to_zoned(jiff::tz::TimeZone::system())
+        .strftime("%Y-%m-%d %H:%M:%S")
+        .to_string()
+}
+
+/// Nanoseconds since the epoch, in the local time zone.
+pub fn local_time_ns(ns: i64) -> String {
+    jiff::Timestamp::from_nanosecond(ns as i128)
+        .map(local_time)
+        .unwrap_or_else(|_| format!("@{ns}ns"))
+}
+
+pub fn seconds(ms: u64) -> String {
+    format!("{:.2} s", ms as f64 / 1000.0)
+}
+
+/// Prints JSON on stdout, one document.
+pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Prints each problem on stderr the moment it happens.
+pub struct StderrMonitor;
+
+impl Monitor for StderrMonitor {
+    fn problem(&self, path: &Path, error: &dyn std::fmt::Display) {
+        eprintln!("error: {}: {error}", path.display());
+    }
+}
+
+/// `rwxr-xr-x` with the type letter in front.
+pub fn mode_string(kind: &str, mode: u32) -> String {
+    let t = match kind {
+        "dir" => 'd',
+        "symlink" => 'l',
+        "fifo" => 'p',
+        "socket" => 's',
+        "chardev" => 'c',
+        "blockdev" => 'b',
+        _ => '-',
+    };
+    let mut s = String::with_capacity(10);
+    s.push(t);
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
