@@ -62,28 +62,39 @@ pub struct DecompressError(String);
 
 /// Compresses `data` into a tagged buffer; keeps it raw when compression does not help.
 pub fn compress(codec: Compression, data: &[u8]) -> Vec<u8> {
-    let packed = match codec {
-        Compression::None => None,
-        Compression::Zstd { level } => zstd::bulk::compress(data, level).ok(),
-        Compression::Lz4 => Some(lz4_flex::block::compress(data)),
-    };
-    match packed {
-        Some(p) if p.len() < data.len() => {
-            let tag = match codec {
-                Compression::Lz4 => TAG_LZ4,
-                _ => TAG_ZSTD,
-            };
-            let mut out = Vec::with_capacity(p.len() + 1);
-            out.push(tag);
-            out.extend_from_slice(&p);
-            out
-        }
-        _ => {
-            let mut out = Vec::with_capacity(data.len() + 1);
-            out.push(TAG_RAW);
-            out.extend_from_slice(data);
-            out
-        }
+    Compressor::new(codec).compress(data)
+}
+
+/// A compressor that keeps its zstd context between calls: creating one per blob spent
+/// most of a backup's time resetting zstd's tables.
+pub struct Compressor {
+    codec: Compression,
+    zstd: Option<zstd::bulk::Compressor<'static>>,
+}
+
+impl Compressor {
+    pub fn new(codec: Compression) -> Self {
+        let zstd = match codec {
+            Compression::Zstd { level } => zstd::bulk::Compressor::new(level).ok(),
+            _ => None,
+        };
+        Compressor { codec, zstd }
+    }
+
+    pub fn compress(&mut self, data: &[u8]) -> Vec<u8> {
+        let packed = match (self.codec, &mut self.zstd) {
+            (Compression::Zstd { .. }, Some(z)) => z.compress(data).ok().map(|p| (TAG_ZSTD, p)),
+            (Compression::Lz4, _) => Some((TAG_LZ4, lz4_flex::block::compress(data))),
+            _ => None,
+        };
+        let (tag, body) = match &packed {
+            Some((tag, p)) if p.len() < data.len() => (*tag, p.as_slice()),
+            _ => (TAG_RAW, data),
+        };
+        let mut out = Vec::with_capacity(body.len() + 1);
+        out.push(tag);
+        out.extend_from_slice(body);
+        out
     }
 }
 

@@ -159,8 +159,9 @@ impl Drop for BlobWriter<'_> {
 }
 
 fn seal_loop(key: &MasterKey, codec: Compression, jobs: Receiver<Job>, out: Sender<Sealed>) {
+    let mut compressor = compress::Compressor::new(codec);
     for job in jobs {
-        let tagged = compress::compress(codec, &job.data);
+        let tagged = compressor.compress(&job.data);
         let sealed = Sealed {
             id: job.id,
             kind: job.kind,

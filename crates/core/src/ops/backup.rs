@@ -299,6 +299,8 @@ struct Archiver<'r, 'o> {
     stats: BackupStats,
     /// The device of the top-level path being walked, for --one-file-system.
     root_device: u64,
+    /// The chunker's buffer, kept from file to file.
+    chunk_buf: Vec<u8>,
 }
 
 impl<'r, 'o> Archiver<'r, 'o> {
@@ -319,6 +321,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
             names: NameCache::default(),
             stats: BackupStats::default(),
             root_device: 0,
+            chunk_buf: Vec::new(),
         })
     }
 
@@ -550,7 +553,8 @@ impl<'r, 'o> Archiver<'r, 'o> {
     /// Chunks, hashes and stores everything `reader` yields. The outer error is the
     /// repository's (fatal), the inner one the source's (reported, file skipped).
     fn chunk(&mut self, reader: &mut dyn Read) -> Result<std::io::Result<(Vec<ContentRef>, u64)>> {
-        let mut chunker = Chunker::new(reader, self.params, self.seed);
+        let buffer = std::mem::take(&mut self.chunk_buf);
+        let mut chunker = Chunker::with_buffer(reader, self.params, self.seed, buffer);
         let mut content = Vec::new();
         loop {
             let chunk = match chunker.next_chunk() {
@@ -566,6 +570,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
             });
         }
         let size = chunker.position();
+        self.chunk_buf = chunker.into_buffer();
         self.stats.bytes_read += size;
         Ok(Ok((content, size)))
     }
