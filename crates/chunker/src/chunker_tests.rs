@@ -278,3 +278,33 @@ fn params_built_without_validation_are_refused() {
     };
     let _ = Chunker::new(io::empty(), params, 0);
 }
+
+#[test]
+fn a_reused_buffer_chunks_each_stream_as_a_fresh_one_would() {
+    let params = small_params();
+    // A long stream first grows the buffer to full size; the short ones reuse it with
+    // stale bytes in it, which must never leak into their chunks.
+    let inputs = [
+        random_bytes(3_000_000, 7),
+        random_bytes(100, 8),
+        random_bytes(40_000, 9),
+        vec![],
+    ];
+    let mut buffer = Vec::new();
+    for data in &inputs {
+        let mut chunker = Chunker::with_buffer(&data[..], params, 3, buffer);
+        let mut joined = Vec::new();
+        let mut cuts = Vec::new();
+        while let Some(chunk) = chunker.next_chunk().unwrap() {
+            cuts.push((chunk.offset as usize, chunk.data.len()));
+            joined.extend_from_slice(chunk.data);
+        }
+        assert_eq!(&joined, data);
+        assert_eq!(cuts, chunk_slice(data, params, 3));
+        buffer = chunker.into_buffer();
+    }
+    assert!(
+        buffer.len() >= 64 * 1024,
+        "the buffer was kept, not dropped"
+    );
+}
