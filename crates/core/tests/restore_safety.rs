@@ -1,0 +1,171 @@
+//! A snapshot is data from storage, which an attacker may have written: restore must never
+//! write outside its target, whatever names and links the snapshot holds.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cairn_core::crypto::KdfParams;
+use cairn_core::monitor::NullMonitor;
+use cairn_core::ops::restore::{restore, Overwrite, RestoreOptions};
+use cairn_core::pack::BlobKind;
+use cairn_core::snapshot::{Snapshot, SnapshotSummary};
+use cairn_core::storage::LocalStorage;
+use cairn_core::tree::{ContentRef, Node, NodeKind, Tree};
+use cairn_core::{InitOptions, Repository};
+
+fn repo(dir: &Path) -> Repository {
+    let opts = InitOptions {
+        kdf: KdfParams {
+            memory_kib: 64,
+            iterations: 1,
+            parallelism: 1,
+        },
+        ..InitOptions::default()
+    };
+    Repository::init(Arc::new(LocalStorage::new(dir)), b"pw", &opts).unwrap()
+}
+
+fn node(name: &[u8], kind: NodeKind) -> Node {
+    Node {
+        name: name.to_vec(),
+        kind,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        user: None,
+        group: None,
+        mtime_ns: 0,
+        ctime_ns: 0,
+        inode: 0,
+        device: 0,
+        links: 1,
+        xattrs: vec![],
+    }
+}
+
+/// Stores `root` (a tree whose nodes may reference `file_data`) and returns a snapshot of it.
+fn snapshot_of(repo: &mut Repository, build: impl FnOnce(ContentRef) -> Vec<Node>) -> Snapshot {
+    let data = b"payload".to_vec();
+    let mut writer = repo.blob_writer();
+    let (blob, _) = writer.add(BlobKind::Data, &data).unwrap();
+    let mut nodes = build(ContentRef {
+        blob,
+        offset: 0,
+        len: data.len() as u32,
+    });
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    let (tree, _) = writer
+        .add(BlobKind::Tree, &Tree { nodes }.to_bytes())
+        .unwrap();
+    let report = writer.finish().unwrap();
+    repo.write_index(report.packs.clone()).unwrap();
+    repo.absorb(&report.packs);
+    Snapshot {
+        time: jiff::Timestamp::now(),
+        host: "h".into(),
+        username: "u".into(),
+        paths: vec!["/".into()],
+        tags: vec![],
+        tree,
+        parent: None,
+        program_version: "test".into(),
+        summary: SnapshotSummary::default(),
+    }
+}
+
+fn file(content: ContentRef) -> NodeKind {
+    NodeKind::File {
+        size: content.len as u64,
+        content: vec![content],
+    }
+}
+
+#[test]
+fn names_that_climb_out_of_the_target_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut repo = repo(&dir.path().join("repo"));
+    let snapshot = snapshot_of(&mut repo, |c| {
+        vec![
+            node(b"..", file(c)),
+            node(b"../escaped", file(c)),
+            node(b"/abs", file(c)),
+            node(b"", file(c)),
+            node(b"fine", file(c)),
+        ]
+    });
+    let target = dir.path().join("a/b/target");
+    let opts = RestoreOptions {
+        target: target.clone(),
+        ..RestoreOptions::default()
+    };
+    let stats = restore(&repo, &snapshot, &opts, &NullMonitor).unwrap();
+    assert_eq!(stats.files_restored, 1, "only the safe name is restored");
+    assert_eq!(
+        stats.errors.len(),
+        4,
+        "each unsafe name is reported: {:?}",
+        stats.errors
+    );
+    assert_eq!(std::fs::read(target.join("fine")).unwrap(), b"payload");
+    assert!(!dir.path().join("a/b/escaped").exists());
+    assert!(!dir.path().join("a/escaped").exists());
+    let listing: Vec<_> = std::fs::read_dir(dir.path().join("a/b")).unwrap().collect();
+    assert_eq!(listing.len(), 1, "nothing but the target in its parent");
+}
+
+#[test]
+fn an_existing_symlink_in_the_target_is_never_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut repo = repo(&dir.path().join("repo"));
+    // The snapshot holds a directory "d" with a file; the target already has "d" as a
+    // symlink to a directory outside it.
+    let sub = {
+        let data = b"payload".to_vec();
+        let mut w = repo.blob_writer();
+        let (blob, _) = w.add(BlobKind::Data, &data).unwrap();
+        let c = ContentRef {
+            blob,
+            offset: 0,
+            len: 7,
+        };
+        let (sub, _) = w
+            .add(
+                BlobKind::Tree,
+                &Tree {
+                    nodes: vec![node(b"f", file(c))],
+                }
+                .to_bytes(),
+            )
+            .unwrap();
+        let r = w.finish().unwrap();
+        repo.write_index(r.packs.clone()).unwrap();
+        repo.absorb(&r.packs);
+        sub
+    };
+    let snapshot = snapshot_of(&mut repo, |_| {
+        vec![node(b"d", NodeKind::Dir { subtree: sub })]
+    });
+    let outside = dir.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let target = dir.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    std::os::unix::fs::symlink(&outside, target.join("d")).unwrap();
+
+    for mode in [Overwrite::Never, Overwrite::Always] {
+        let opts = RestoreOptions {
+            target: target.clone(),
+            overwrite: Some(mode),
+            ..RestoreOptions::default()
+        };
+        restore(&repo, &snapshot, &opts, &NullMonitor).unwrap();
+        assert!(
+            std::fs::read_dir(&outside).unwrap().next().is_none(),
+            "{mode:?} wrote through the symlink"
+        );
+    }
+    // With `always` the symlink was replaced by the real directory.
+    assert!(std::fs::symlink_metadata(target.join("d"))
+        .unwrap()
+        .is_dir());
+    assert_eq!(std::fs::read(target.join("d/f")).unwrap(), b"payload");
+}
