@@ -46,6 +46,93 @@ impl ChunkerConfig {
 /// Peeks at the version before parsing the rest, so a newer format with fields this
 /// binary does not know still gets the "newer version" message rather than a parse error.
 #[derive(Deserialize)]
-pub(crate) struct VersionOnly {
-    pub version: u32,
+struct VersionOnly {
+    version: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("format version {0} is not one this cairn reads")]
+    UnsupportedVersion(u32),
+    #[error("{0}")]
+    Malformed(String),
+}
+
+impl Config {
+    /// Parses and validates a `config` file.
+    pub fn parse(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let malformed = |e: &dyn std::fmt::Display| ConfigError::Malformed(e.to_string());
+        let version: VersionOnly = serde_json::from_slice(bytes).map_err(|e| malformed(&e))?;
+        if version.version > FORMAT_VERSION || version.version == 0 {
+            return Err(ConfigError::UnsupportedVersion(version.version));
+        }
+        let config: Config = serde_json::from_slice(bytes).map_err(|e| malformed(&e))?;
+        let c = &config.chunker;
+        if c.algorithm != "fastcdc-2020" {
+            return Err(malformed(&format!("unknown chunker {:?}", c.algorithm)));
+        }
+        ChunkerParams::new(c.min_size, c.avg_size, c.max_size).map_err(|e| malformed(&e))?;
+        if config.hash != "blake3-keyed" {
+            return Err(malformed(&format!("unknown hash {:?}", config.hash)));
+        }
+        if let Compression::Zstd { level } = config.compression {
+            if !(1..=22).contains(&level) {
+                return Err(malformed(&format!("zstd level {level} is outside 1-22")));
+            }
+        }
+        if !(1 << 20..=1 << 30).contains(&config.pack_size) {
+            return Err(malformed(&format!(
+                "pack size {} is outside 1 MiB-1 GiB",
+                config.pack_size
+            )));
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> serde_json::Value {
+        serde_json::json!({
+            "version": 1, "id": "ab", "hash": "blake3-keyed", "pack_size": 16777216,
+            "compression": {"codec": "zstd", "level": 3},
+            "chunker": {"algorithm": "fastcdc-2020", "min_size": 524288, "avg_size": 1048576, "max_size": 8388608}
+        })
+    }
+
+    #[test]
+    fn a_valid_config_parses() {
+        let c = Config::parse(sample().to_string().as_bytes()).unwrap();
+        assert_eq!(c.chunker.avg_size, 1 << 20);
+    }
+
+    #[test]
+    fn a_newer_version_is_named_even_with_unknown_fields() {
+        let v = serde_json::json!({"version": 2, "something_new": true});
+        assert!(matches!(
+            Config::parse(v.to_string().as_bytes()),
+            Err(ConfigError::UnsupportedVersion(2))
+        ));
+    }
+
+    #[test]
+    fn invalid_settings_are_refused() {
+        for (field, value) in [
+            ("hash", serde_json::json!("md5")),
+            ("pack_size", serde_json::json!(0)),
+            (
+                "compression",
+                serde_json::json!({"codec": "zstd", "level": 99}),
+            ),
+        ] {
+            let mut v = sample();
+            v[field] = value;
+            assert!(Config::parse(v.to_string().as_bytes()).is_err(), "{field}");
+        }
+        let mut v = sample();
+        v["chunker"]["min_size"] = serde_json::json!(4 << 20);
+        assert!(Config::parse(v.to_string().as_bytes()).is_err());
+    }
 }

@@ -8,7 +8,7 @@ use cairn_chunker::ChunkerParams;
 use cairn_storage::{Storage, StorageError};
 
 use crate::compress::{self, Compression};
-use crate::config::{ChunkerConfig, Config, VersionOnly, FORMAT_VERSION};
+use crate::config::{ChunkerConfig, Config, ConfigError, FORMAT_VERSION};
 use crate::crypto::{KdfParams, KeyFile, KeyFileError, MasterKey};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
@@ -225,8 +225,7 @@ impl Repository {
 
     /// Writes a snapshot: the commit point of a backup.
     pub fn save_snapshot(&self, snapshot: &Snapshot) -> Result<SnapshotId> {
-        let json = serde_json::to_vec(snapshot).expect("a snapshot serializes");
-        let bytes = crate::object::seal(&self.key, &json);
+        let bytes = crate::object::seal(&self.key, &snapshot.to_json());
         let id = SnapshotId::of_bytes(&bytes);
         self.storage.write(&id.storage_name(), &bytes)?;
         Ok(id)
@@ -237,7 +236,7 @@ impl Repository {
         let bytes = self.storage.read(&name)?;
         self.check_name(&name, &bytes)?;
         let json = crate::object::open(&self.key, &bytes).map_err(|r| self.corrupt(&name, r))?;
-        serde_json::from_slice(&json).map_err(|e| self.corrupt(&name, e.to_string()))
+        Snapshot::from_json(&json).map_err(|e| self.corrupt(&name, e.to_string()))
     }
 
     pub fn snapshot_ids(&self) -> Result<Vec<SnapshotId>> {
@@ -300,21 +299,18 @@ fn read_config(storage: &dyn Storage) -> Result<Config> {
         Err(StorageError::NotFound { .. }) => return Err(Error::NotARepository { location }),
         Err(e) => return Err(e.into()),
     };
-    let corrupt = |reason: String| Error::CorruptObject {
-        location: location.clone(),
-        name: "config".into(),
-        reason,
-    };
-    let version: VersionOnly =
-        serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
-    if version.version > FORMAT_VERSION || version.version == 0 {
-        return Err(Error::UnsupportedVersion {
+    Config::parse(&bytes).map_err(|e| match e {
+        ConfigError::UnsupportedVersion(found) => Error::UnsupportedVersion {
             location,
-            found: version.version,
+            found,
             supported: FORMAT_VERSION,
-        });
-    }
-    serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))
+        },
+        ConfigError::Malformed(reason) => Error::CorruptObject {
+            location,
+            name: "config".into(),
+            reason,
+        },
+    })
 }
 
 fn open_key(storage: &dyn Storage, password: &[u8]) -> Result<MasterKey> {

@@ -29,3 +29,13 @@ pub struct SnapshotSummary {
     pub total_bytes: u64,
     pub bytes_added: u64,
 }
+
+impl Snapshot {
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a snapshot serializes")
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
