@@ -95,6 +95,19 @@ impl Index {
         self.blobs.len()
     }
 
+    pub fn iter(&self) -> impl Iterator<Item = (&BlobId, &BlobLocation)> {
+        self.blobs.iter()
+    }
+
+    /// Every pack the index names, with the blobs it says each one holds.
+    pub fn by_pack(&self) -> HashMap<PackId, Vec<(BlobId, BlobLocation)>> {
+        let mut packs: HashMap<PackId, Vec<(BlobId, BlobLocation)>> = HashMap::new();
+        for (id, loc) in &self.blobs {
+            packs.entry(loc.pack).or_default().push((*id, *loc));
+        }
+        packs
+    }
+
     pub fn is_empty(&self) -> bool {
         self.blobs.is_empty()
     }

@@ -14,6 +14,11 @@ pub trait Monitor: Sync {
     fn file_done(&self, path: &Path, bytes: u64) {
         let _ = (path, bytes);
     }
+
+    /// `done` of `total` units of the phase named `what` are finished.
+    fn progress(&self, what: &str, done: u64, total: u64) {
+        let _ = (what, done, total);
+    }
 }
 
 /// Listens to nothing.

@@ -92,32 +92,51 @@ impl PackWriter {
     }
 }
 
-/// Reads the header of a whole pack file.
-pub fn read_header(key: &MasterKey, pack: &[u8]) -> Result<Vec<PackEntry>, String> {
-    let total = pack.len();
-    if total < 4 {
-        return Err(format!("only {total} bytes long, too short for a pack"));
-    }
-    let header_len = u32::from_le_bytes(pack[total - 4..].try_into().expect("4 bytes")) as usize;
-    if header_len < SEAL_OVERHEAD || header_len > total - 4 {
-        return Err(format!(
-            "header length {header_len} does not fit in {total} bytes (truncated?)"
-        ));
-    }
-    let sealed = &pack[total - 4 - header_len..total - 4];
+/// Length of the sealed header, from the last 4 bytes of a pack.
+pub fn header_length(trailer: [u8; 4]) -> u64 {
+    u32::from_le_bytes(trailer) as u64
+}
+
+/// Opens a sealed header of a pack whose blobs take `body_len` bytes.
+pub fn open_header(
+    key: &MasterKey,
+    sealed: &[u8],
+    body_len: u64,
+) -> Result<Vec<PackEntry>, String> {
     let plain = key.open(sealed).map_err(|e| format!("header: {e}"))?;
     let header: PackHeader =
         postcard::from_bytes(&plain).map_err(|e| format!("header does not parse: {e}"))?;
     if header.version != PACK_VERSION {
         return Err(format!("unknown pack version {}", header.version));
     }
-    let body = (total - 4 - header_len) as u64;
     for e in &header.entries {
-        if e.offset as u64 + e.length as u64 > body {
+        if e.offset as u64 + e.length as u64 > body_len {
             return Err(format!("blob {} lies outside the pack body", e.id));
         }
     }
     Ok(header.entries)
+}
+
+/// Where the sealed header sits in a pack of `total` bytes with the given trailer.
+pub fn header_range(total: u64, trailer: [u8; 4]) -> Result<(u64, u64), String> {
+    let len = header_length(trailer);
+    if total < 4 || len < SEAL_OVERHEAD as u64 || len > total - 4 {
+        return Err(format!(
+            "header length {len} does not fit in {total} bytes (truncated?)"
+        ));
+    }
+    Ok((total - 4 - len, len))
+}
+
+/// Reads the header of a whole pack file.
+pub fn read_header(key: &MasterKey, pack: &[u8]) -> Result<Vec<PackEntry>, String> {
+    let total = pack.len();
+    if total < 4 {
+        return Err(format!("only {total} bytes long, too short for a pack"));
+    }
+    let trailer: [u8; 4] = pack[total - 4..].try_into().expect("4 bytes");
+    let (start, len) = header_range(total as u64, trailer)?;
+    open_header(key, &pack[start as usize..(start + len) as usize], start)
 }
 
 #[cfg(test)]

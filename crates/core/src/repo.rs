@@ -11,8 +11,9 @@ use crate::compress::{self, Compression};
 use crate::config::{ChunkerConfig, Config, ConfigError, FORMAT_VERSION};
 use crate::crypto::{KdfParams, KeyFile, KeyFileError, MasterKey};
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IndexId, KeyId, SnapshotId};
+use crate::id::{BlobId, IndexId, KeyId, PackId, SnapshotId};
 use crate::index::{Index, IndexFile, IndexedPack};
+use crate::pack::{self, PackEntry};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
 use crate::writer::BlobWriter;
@@ -210,6 +211,45 @@ impl Repository {
                 .unwrap_or(crate::id::PackId([0; 32])),
             reason: format!("tree does not parse: {e}"),
         })
+    }
+
+    /// Every pack file in storage.
+    pub fn list_packs(&self) -> Result<Vec<PackId>> {
+        Ok(self
+            .storage
+            .list("data")?
+            .iter()
+            .filter_map(|n| n.rsplit('/').next()?.parse().ok())
+            .collect())
+    }
+
+    /// Reads a pack's header from its tail, without reading its blobs.
+    pub fn read_pack_header(&self, pack: &PackId) -> Result<Vec<PackEntry>> {
+        let name = pack.storage_name();
+        let total = self.storage.size(&name)?;
+        if total < 4 {
+            return Err(self.corrupt(
+                &name,
+                format!("only {total} bytes long, too short for a pack"),
+            ));
+        }
+        let trailer = self.storage.read_range(&name, total - 4, 4)?;
+        let trailer: [u8; 4] = trailer[..].try_into().expect("read_range returns 4 bytes");
+        let (start, len) =
+            pack::header_range(total, trailer).map_err(|r| self.corrupt(&name, r))?;
+        let sealed = self.storage.read_range(&name, start, len)?;
+        pack::open_header(&self.key, &sealed, start).map_err(|r| self.corrupt(&name, r))
+    }
+
+    /// Every index file, read again from storage; unreadable ones come back as errors.
+    pub fn index_files(&self) -> Result<Vec<(IndexId, Result<IndexFile>)>> {
+        let mut out = Vec::new();
+        for name in self.storage.list("index")? {
+            if let Some(id) = name.strip_prefix("index/").and_then(|n| n.parse().ok()) {
+                out.push((id, self.read_index_file(&name)));
+            }
+        }
+        Ok(out)
     }
 
     /// Writes an index file naming `packs`; they must already be durable.

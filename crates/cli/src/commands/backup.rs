@@ -37,9 +37,9 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
             .as_deref()
             .context("--stdin needs --stdin-filename NAME")?;
         let mut stdin = std::io::stdin().lock();
-        backup::backup_stdin(&mut repo, name, &mut stdin, &opts, &StderrMonitor)?
+        backup::backup_stdin(&mut repo, name, &mut stdin, &opts, &StderrMonitor::new(g))?
     } else {
-        backup::backup(&mut repo, &opts, &StderrMonitor)?
+        backup::backup(&mut repo, &opts, &StderrMonitor::new(g))?
     };
     print(g, &report)?;
     Ok(if report.stats.errors.is_empty() {

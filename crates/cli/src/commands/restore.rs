@@ -22,7 +22,7 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         }),
         owners: nix_is_root(),
     };
-    let stats = restore::restore(&repo, &snapshot, &opts, &StderrMonitor)?;
+    let stats = restore::restore(&repo, &snapshot, &opts, &StderrMonitor::new(g))?;
     if g.json {
         let mut v = serde_json::to_value(&stats)?;
         v["snapshot_id"] = id.to_hex().into();

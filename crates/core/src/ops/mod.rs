@@ -2,5 +2,7 @@
 
 pub mod backup;
 pub mod browse;
+pub mod check;
 pub mod exclude;
+pub mod forget;
 pub mod restore;

@@ -1,0 +1,452 @@
+//! `check`: is every snapshot fully restorable? Structure first (index files, pack
+//! headers, every tree and blob a snapshot needs), then optionally the data itself
+//! (`--read-data`, or a subset so a large repository is checked over several nights).
+//! Every problem names the object, the snapshots and paths it damages, and the repair.
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::compress;
+use crate::error::{chain, Result};
+use crate::id::{BlobId, PackId, SnapshotId};
+use crate::index::BlobLocation;
+use crate::monitor::Monitor;
+use crate::pack;
+use crate::repo::Repository;
+use crate::tree::NodeKind;
+
+/// Which packs `--read-data` reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Subset {
+    All,
+    /// Part `n` (1-based) of `m`: packs whose id falls in that slice.
+    Part {
+        n: u32,
+        m: u32,
+    },
+    /// About this percentage of packs, chosen by id.
+    Percent(f64),
+}
+
+impl Subset {
+    fn contains(&self, pack: &PackId) -> bool {
+        let x = u32::from_be_bytes(pack.0[..4].try_into().expect("4 bytes"));
+        match *self {
+            Subset::All => true,
+            Subset::Part { n, m } => x % m == n - 1,
+            Subset::Percent(p) => (x as f64) < p / 100.0 * (u32::MAX as f64 + 1.0),
+        }
+    }
+}
+
+impl FromStr for Subset {
+    type Err = String;
+
+    /// `N/M` (1 ≤ N ≤ M) or `P%` (0 < P ≤ 100).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a subset: use N/M (e.g. 1/7) or P% (e.g. 10%)");
+        if let Some(p) = s.strip_suffix('%') {
+            let p: f64 = p.trim().parse().map_err(|_| bad())?;
+            if !(p > 0.0 && p <= 100.0) {
+                return Err(bad());
+            }
+            return Ok(Subset::Percent(p));
+        }
+        let (n, m) = s.split_once('/').ok_or_else(bad)?;
+        let (n, m): (u32, u32) = (
+            n.trim().parse().map_err(|_| bad())?,
+            m.trim().parse().map_err(|_| bad())?,
+        );
+        if n == 0 || m == 0 || n > m {
+            return Err(bad());
+        }
+        Ok(Subset::Part { n, m })
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CheckOptions {
+    /// Decrypt and verify the blobs of these packs.
+    pub read_data: Option<Subset>,
+}
+
+/// A snapshot path that cannot be restored exactly because of a problem.
+#[derive(Debug, Clone, Serialize)]
+pub struct Damage {
+    pub snapshot: String,
+    pub path: String,
+}
+
+/// Damage lists stop growing here; `damaged_paths` keeps counting.
+const MAX_DAMAGES_LISTED: usize = 100;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckProblem {
+    /// The damaged object, e.g. `data/ab/ab12…` or `blob 1234…`.
+    pub object: String,
+    pub problem: String,
+    /// The command that repairs it.
+    pub repair: String,
+    pub damaged_paths: u64,
+    pub damages: Vec<Damage>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CheckReport {
+    pub snapshots: u64,
+    pub trees: u64,
+    pub data_blobs: u64,
+    pub packs: u64,
+    pub packs_read: u64,
+    pub blobs_verified: u64,
+    pub bytes_read: u64,
+    pub problems: Vec<CheckProblem>,
+    pub duration_ms: u64,
+}
+
+impl CheckReport {
+    fn problem(&mut self, object: String, problem: String, repair: &str) -> usize {
+        self.problems.push(CheckProblem {
+            object,
+            problem,
+            repair: repair.to_string(),
+            damaged_paths: 0,
+            damages: Vec::new(),
+        });
+        self.problems.len() - 1
+    }
+}
+
+const REPAIR_INDEX: &str = "cairn repair index";
+const REPAIR_SNAPSHOTS: &str =
+    "cairn repair snapshots (marks the damaged files; everything else stays restorable)";
+
+pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> Result<CheckReport> {
+    let started = Instant::now();
+    let mut report = CheckReport::default();
+    for e in repo.index_problems() {
+        report.problem("index".into(), chain(e), REPAIR_INDEX);
+    }
+    // Blobs that cannot be read, and the problem each belongs to.
+    let mut bad: HashMap<BlobId, usize> = HashMap::new();
+
+    let stored: HashSet<PackId> = repo.list_packs()?.into_iter().collect();
+    let indexed = repo.index().by_pack();
+    report.packs = stored.len() as u64;
+    let mut missing: Vec<&PackId> = indexed.keys().filter(|p| !stored.contains(p)).collect();
+    missing.sort();
+    for pack in missing {
+        let i = report.problem(
+            pack.storage_name(),
+            format!("pack is missing, and with it {} blobs", indexed[pack].len()),
+            &format!("{REPAIR_INDEX}, then {REPAIR_SNAPSHOTS}"),
+        );
+        bad.extend(indexed[pack].iter().map(|(b, _)| (*b, i)));
+    }
+    let mut unindexed: Vec<&PackId> = stored.iter().filter(|p| !indexed.contains_key(p)).collect();
+    unindexed.sort();
+    for pack in unindexed {
+        report.problem(
+            pack.storage_name(),
+            "pack is in no index file (left by an interrupted backup or a damaged index)".into(),
+            REPAIR_INDEX,
+        );
+    }
+
+    let mut to_check: Vec<PackId> = indexed
+        .keys()
+        .filter(|p| stored.contains(p))
+        .copied()
+        .collect();
+    to_check.sort();
+    let results = check_packs(repo, &to_check, &indexed, opts.read_data, monitor);
+    for r in results {
+        report.packs_read += r.read as u64;
+        report.bytes_read += r.bytes;
+        report.blobs_verified += r.blobs_verified;
+        if let Some(problem) = r.problem {
+            let repair = if r.bad_blobs.is_empty() {
+                REPAIR_INDEX
+            } else {
+                REPAIR_SNAPSHOTS
+            };
+            let i = report.problem(r.pack.storage_name(), problem, repair);
+            bad.extend(r.bad_blobs.iter().map(|b| (*b, i)));
+        }
+    }
+
+    let list = repo.snapshots()?;
+    for e in &list.damaged {
+        report.problem(
+            "snapshot".into(),
+            chain(e),
+            "cairn forget ID (the snapshot cannot be read)",
+        );
+    }
+    report.snapshots = list.snapshots.len() as u64;
+    let mut walker = Walker {
+        repo,
+        bad,
+        clean: HashSet::new(),
+        seen_trees: HashSet::new(),
+        seen_blobs: HashSet::new(),
+        unindexed_problem: None,
+        report: &mut report,
+    };
+    for (i, (id, snapshot)) in list.snapshots.iter().enumerate() {
+        monitor.progress("snapshots", i as u64, list.snapshots.len() as u64);
+        walker.walk(id, &snapshot.tree, b"");
+    }
+    let (trees, blobs) = (
+        walker.seen_trees.len() as u64,
+        walker.seen_blobs.len() as u64,
+    );
+    report.trees = trees;
+    report.data_blobs = blobs;
+    report.duration_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+struct PackResult {
+    pack: PackId,
+    read: bool,
+    bytes: u64,
+    blobs_verified: u64,
+    problem: Option<String>,
+    bad_blobs: Vec<BlobId>,
+}
+
+/// Checks pack headers against the index, and reads the selected packs, on all cores.
+fn check_packs(
+    repo: &Repository,
+    packs: &[PackId],
+    indexed: &HashMap<PackId, Vec<(BlobId, BlobLocation)>>,
+    read_data: Option<Subset>,
+    monitor: &dyn Monitor,
+) -> Vec<PackResult> {
+    let next = AtomicUsize::new(0);
+    let done = AtomicU64::new(0);
+    let results = Mutex::new(Vec::with_capacity(packs.len()));
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(pack) = packs.get(i) else { break };
+                let read = read_data.is_some_and(|sub| sub.contains(pack));
+                let r = check_pack(repo, pack, &indexed[pack], read);
+                results.lock().expect("no thread panics holding it").push(r);
+                let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+                monitor.progress("packs", n, packs.len() as u64);
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("no thread panicked");
+    results.sort_by_key(|r| r.pack);
+    results
+}
+
+fn check_pack(
+    repo: &Repository,
+    pack: &PackId,
+    blobs: &[(BlobId, BlobLocation)],
+    read: bool,
+) -> PackResult {
+    let mut r = PackResult {
+        pack: *pack,
+        read,
+        bytes: 0,
+        blobs_verified: 0,
+        problem: None,
+        bad_blobs: Vec::new(),
+    };
+    if !read {
+        match repo.read_pack_header(pack) {
+            Ok(entries) => r.problem = compare_header(&entries, blobs),
+            Err(e) => r.problem = Some(format!("pack header unreadable: {}; `cairn check --read-data` tells which blobs are affected", chain(&e))),
+        }
+        return r;
+    }
+    let bytes = match repo.storage().read(&pack.storage_name()) {
+        Ok(b) => b,
+        Err(e) => {
+            r.problem = Some(chain(&e));
+            r.bad_blobs = blobs.iter().map(|(b, _)| *b).collect();
+            return r;
+        }
+    };
+    r.bytes = bytes.len() as u64;
+    let mut notes = Vec::new();
+    if PackId::of_bytes(&bytes) != *pack {
+        notes.push("its content does not match its name".to_string());
+    }
+    match pack::read_header(repo.key(), &bytes) {
+        Ok(entries) => notes.extend(compare_header(&entries, blobs)),
+        Err(e) => notes.push(format!("header unreadable: {e}")),
+    }
+    for (id, loc) in blobs {
+        let ok = bytes
+            .get(loc.offset as usize..loc.offset as usize + loc.length as usize)
+            .and_then(|sealed| repo.key().open(sealed).ok())
+            .and_then(|tagged| compress::decompress(&tagged, loc.raw_length as usize).ok())
+            .is_some_and(|plain| repo.key().blob_id(&plain) == *id);
+        if ok {
+            r.blobs_verified += 1;
+        } else {
+            r.bad_blobs.push(*id);
+        }
+    }
+    if !r.bad_blobs.is_empty() {
+        notes.push(format!(
+            "{} of its {} blobs are damaged",
+            r.bad_blobs.len(),
+            blobs.len()
+        ));
+    }
+    if !notes.is_empty() {
+        r.problem = Some(notes.join("; "));
+    }
+    r
+}
+
+fn compare_header(entries: &[pack::PackEntry], blobs: &[(BlobId, BlobLocation)]) -> Option<String> {
+    let header: HashMap<BlobId, (u32, u32)> = entries
+        .iter()
+        .map(|e| (e.id, (e.offset, e.length)))
+        .collect();
+    let disagree = blobs
+        .iter()
+        .filter(|(id, loc)| header.get(id) != Some(&(loc.offset, loc.length)))
+        .count();
+    (disagree > 0).then(|| format!("the index and the pack header disagree about {disagree} blobs"))
+}
+
+/// Walks snapshot trees, remembering clean subtrees so shared ones are read once.
+struct Walker<'a> {
+    repo: &'a Repository,
+    bad: HashMap<BlobId, usize>,
+    clean: HashSet<BlobId>,
+    seen_trees: HashSet<BlobId>,
+    seen_blobs: HashSet<BlobId>,
+    unindexed_problem: Option<usize>,
+    report: &'a mut CheckReport,
+}
+
+impl Walker<'_> {
+    fn damage(&mut self, problem: usize, snapshot: &SnapshotId, path: &[u8]) {
+        let p = &mut self.report.problems[problem];
+        p.damaged_paths += 1;
+        if p.damages.len() < MAX_DAMAGES_LISTED {
+            p.damages.push(Damage {
+                snapshot: snapshot.short(),
+                path: if path.is_empty() {
+                    "/".into()
+                } else {
+                    String::from_utf8_lossy(path).into_owned()
+                },
+            });
+        }
+    }
+
+    /// The problem a blob belongs to, if it cannot be read.
+    fn blob_problem(&mut self, blob: &BlobId) -> Option<usize> {
+        if let Some(&i) = self.bad.get(blob) {
+            return Some(i);
+        }
+        if self.repo.index().contains(blob) {
+            return None;
+        }
+        let i = *self.unindexed_problem.get_or_insert_with(|| {
+            self.report.problem(
+                "index".into(),
+                "blobs that snapshots need are in no index file".into(),
+                &format!("{REPAIR_INDEX}, then {REPAIR_SNAPSHOTS}"),
+            )
+        });
+        self.bad.insert(*blob, i);
+        Some(i)
+    }
+
+    /// Returns whether everything below `tree` is intact.
+    fn walk(&mut self, snapshot: &SnapshotId, tree_id: &BlobId, path: &[u8]) -> bool {
+        if self.clean.contains(tree_id) {
+            return true;
+        }
+        self.seen_trees.insert(*tree_id);
+        if let Some(i) = self.blob_problem(tree_id) {
+            self.damage(i, snapshot, path);
+            return false;
+        }
+        let tree = match self.repo.read_tree(tree_id) {
+            Ok(t) => t,
+            Err(e) => {
+                let i = self
+                    .report
+                    .problem(format!("tree {tree_id}"), chain(&e), REPAIR_SNAPSHOTS);
+                self.bad.insert(*tree_id, i);
+                self.damage(i, snapshot, path);
+                return false;
+            }
+        };
+        let mut intact = true;
+        for node in &tree.nodes {
+            let mut child = path.to_vec();
+            child.push(b'/');
+            child.extend_from_slice(&node.name);
+            match &node.kind {
+                NodeKind::Dir { subtree } => intact &= self.walk(snapshot, subtree, &child),
+                NodeKind::File { content, .. } => {
+                    let mut reported = HashSet::new();
+                    for part in content {
+                        self.seen_blobs.insert(part.blob);
+                        if let Some(i) = self.blob_problem(&part.blob) {
+                            intact = false;
+                            if reported.insert(i) {
+                                self.damage(i, snapshot, &child);
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if intact {
+            self.clean.insert(*tree_id);
+        }
+        intact
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subsets_parse_and_partition_packs() {
+        assert_eq!("2/5".parse::<Subset>(), Ok(Subset::Part { n: 2, m: 5 }));
+        assert!("0/5".parse::<Subset>().is_err());
+        assert!("6/5".parse::<Subset>().is_err());
+        assert!("0%".parse::<Subset>().is_err());
+        assert_eq!("10%".parse::<Subset>(), Ok(Subset::Percent(10.0)));
+        let packs: Vec<PackId> = (0..1000u32)
+            .map(|i| PackId::of_bytes(&i.to_le_bytes()))
+            .collect();
+        for p in &packs {
+            let parts = (1..=3)
+                .filter(|&n| Subset::Part { n, m: 3 }.contains(p))
+                .count();
+            assert_eq!(parts, 1, "every pack is in exactly one part");
+        }
+        let tenth = packs
+            .iter()
+            .filter(|p| Subset::Percent(10.0).contains(p))
+            .count();
+        assert!((50..150).contains(&tenth), "{tenth} of 1000 packs in 10%");
+        assert!(packs.iter().all(|p| Subset::Percent(100.0).contains(p)));
+    }
+}
