@@ -170,12 +170,15 @@ pub fn plan(
         .collect()
 }
 
+/// The period a time falls in, as comparable numbers.
+type BucketOf = fn(&Zoned) -> (i32, i32, i32, i32);
+
 fn decide(items: &[&(SnapshotId, Snapshot)], policy: &KeepPolicy, tz: &TimeZone) -> Vec<Decision> {
     let zoned: Vec<Zoned> = items
         .iter()
         .map(|(_, s)| s.time.to_zoned(tz.clone()))
         .collect();
-    let buckets: [(&str, Option<u32>, fn(&Zoned) -> (i32, i32, i32, i32)); 5] = [
+    let buckets: [(&str, Option<u32>, BucketOf); 5] = [
         ("hourly", policy.hourly, |z| {
             (
                 z.year() as i32,
@@ -221,7 +224,7 @@ fn decide(items: &[&(SnapshotId, Snapshot)], policy: &KeepPolicy, tz: &TimeZone)
     if let (Some(span), Some(newest)) = (policy.within, zoned.first()) {
         if let Ok(cutoff) = newest.checked_sub(span) {
             for (i, z) in zoned.iter().enumerate() {
-                if z >= &cutoff {
+                if *z >= cutoff {
                     reasons[i].push("within".into());
                 }
             }
