@@ -1,6 +1,7 @@
 //! The command line, as clap sees it. Only syntax and validation that needs no I/O lives
 //! here; `commands/` turns these into core options.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -55,6 +56,102 @@ pub enum Command {
     Restore(RestoreArgs),
     /// Show how files are cut into chunks (offset, length, id of each)
     Chunk(ChunkArgs),
+    /// Check that every snapshot can be restored; --read-data also verifies the data
+    Check(CheckArgs),
+    /// Remove snapshots by id or by a retention policy
+    Forget(ForgetArgs),
+    /// Delete data no snapshot needs, safely while other backups run
+    Prune(PruneArgs),
+    /// Repair a damaged repository
+    #[command(subcommand)]
+    Repair(RepairCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Also decrypt and verify every blob of every pack
+    #[arg(long, conflicts_with = "read_data_subset")]
+    pub read_data: bool,
+    /// Verify a part of the packs: N/M (e.g. 1/7, one part a night) or P% (e.g. 10%)
+    #[arg(long, value_name = "SUBSET")]
+    pub read_data_subset: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ForgetArgs {
+    /// Snapshots to remove (ids or unique prefixes); or give a policy instead
+    pub snapshots: Vec<String>,
+    /// Keep the newest N snapshots
+    #[arg(long, value_name = "N")]
+    pub keep_last: Option<u32>,
+    /// Keep the newest snapshot of each of the last N hours
+    #[arg(long, value_name = "N")]
+    pub keep_hourly: Option<u32>,
+    /// Keep the newest snapshot of each of the last N days
+    #[arg(long, value_name = "N")]
+    pub keep_daily: Option<u32>,
+    /// Keep the newest snapshot of each of the last N weeks
+    #[arg(long, value_name = "N")]
+    pub keep_weekly: Option<u32>,
+    /// Keep the newest snapshot of each of the last N months
+    #[arg(long, value_name = "N")]
+    pub keep_monthly: Option<u32>,
+    /// Keep the newest snapshot of each of the last N years
+    #[arg(long, value_name = "N")]
+    pub keep_yearly: Option<u32>,
+    /// Keep snapshots taken within this long of the newest one, e.g. 1y2m3d4h
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within: Option<String>,
+    /// Keep snapshots that carry this tag (repeatable)
+    #[arg(long = "keep-tag", value_name = "TAG")]
+    pub keep_tags: Vec<String>,
+    /// Group snapshots by these fields: host, paths, tags (comma-separated; empty: one group)
+    #[arg(long, default_value = "host,paths")]
+    pub group_by: String,
+    /// Show what would be removed, and why the rest is kept, without removing anything
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// Run prune afterwards
+    #[arg(long)]
+    pub prune: bool,
+    /// With --prune: repack packs with more unused space than this percentage
+    #[arg(long, default_value_t = 5.0, value_name = "PERCENT")]
+    pub max_unused: f64,
+}
+
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// Repack packs with more unused space than this percentage
+    #[arg(long, default_value_t = 5.0, value_name = "PERCENT")]
+    pub max_unused: f64,
+    /// Show what would be done without changing anything
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RepairCommand {
+    /// Rebuild the index from the pack headers
+    Index(RepairIndexArgs),
+    /// Rewrite snapshots that need lost data: damaged files are kept as NAME.damaged
+    Snapshots(RepairSnapshotsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RepairIndexArgs {
+    /// Read every pack and leave damaged blobs out, so the next backup stores them again
+    #[arg(long)]
+    pub read_data: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RepairSnapshotsArgs {
+    /// Remove the damaged originals once their repaired versions are written
+    #[arg(long)]
+    pub forget: bool,
+    /// Show what would be repaired without writing anything
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -112,7 +209,7 @@ pub struct LsArgs {
     /// Snapshot id, unique prefix, or `latest`
     pub snapshot: String,
     /// List only below this path
-    pub path: Option<String>,
+    pub path: Option<OsString>,
     /// Long format: mode, owner, group, size, time
     #[arg(short, long)]
     pub long: bool,
@@ -123,13 +220,13 @@ pub struct CatArgs {
     /// Snapshot id, unique prefix, or `latest`
     pub snapshot: String,
     /// Absolute path of a file in the snapshot
-    pub path: String,
+    pub path: OsString,
 }
 
 #[derive(Debug, Args)]
 pub struct RestoreArgs {
     /// SNAPSHOT or SNAPSHOT:SUBPATH (then SUBPATH's contents land in the target)
-    pub snapshot: String,
+    pub snapshot: OsString,
     /// Directory to restore into (created if missing)
     #[arg(short, long)]
     pub target: PathBuf,

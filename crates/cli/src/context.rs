@@ -87,8 +87,18 @@ fn storage_at(path: &Path) -> Arc<LocalStorage> {
     Arc::new(LocalStorage::new(path))
 }
 
-/// Opens the repository named by the global options.
+/// Opens the repository named by the global options and reads its index.
 pub fn open(global: &GlobalArgs) -> Result<Repository> {
+    let mut repo = open_without_index(global)?;
+    repo.load_index()?;
+    for problem in repo.index_problems() {
+        eprintln!("warning: {}", cairn_core::error::chain(problem));
+    }
+    Ok(repo)
+}
+
+/// Opens the repository without reading its index (a backup reads it itself).
+pub fn open_without_index(global: &GlobalArgs) -> Result<Repository> {
     let loc = locate(global)?;
     let password = match (given_password(global)?, &loc.default_key) {
         (Some(pw), _) => pw,
@@ -104,11 +114,10 @@ pub fn open(global: &GlobalArgs) -> Result<Repository> {
         }
         (None, None) => prompt(false)?,
     };
-    let repo = Repository::open(storage_at(&loc.path), password.as_bytes())?;
-    for problem in repo.index_problems() {
-        eprintln!("warning: {}", cairn_core::error::chain(problem));
-    }
-    Ok(repo)
+    Ok(Repository::open_without_index(
+        storage_at(&loc.path),
+        password.as_bytes(),
+    )?)
 }
 
 fn read_default_key(key: &Path, repo: &Path) -> Result<String> {
@@ -149,13 +158,13 @@ pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
     Ok(repo)
 }
 
-/// Opens the repository, creating the default one on first use.
+/// Opens the repository without its index, creating the default one on first use.
 pub fn open_or_create_default(global: &GlobalArgs) -> Result<Repository> {
     let loc = locate(global)?;
     if loc.default_key.is_some() && !loc.path.join("config").exists() {
         return init(global, &InitOptions::default());
     }
-    open(global)
+    open_without_index(global)
 }
 
 fn create_default_key(key: &Path) -> Result<String> {

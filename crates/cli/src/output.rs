@@ -30,22 +30,23 @@ pub fn local_time(t: jiff::Timestamp) -> String {
         .to_string()
 }
 
-/// Nanoseconds since the epoch, in the local time zone.
-pub fn local_time_ns(ns: i64) -> String {
-    jiff::Timestamp::from_nanosecond(ns as i128)
+/// A file time in the local time zone.
+pub fn file_time(t: cairn_core::tree::Time) -> String {
+    t.to_timestamp()
         .map(local_time)
-        .unwrap_or_else(|_| format!("@{ns}ns"))
+        .unwrap_or_else(|| format!("@{}", t.sec))
 }
 
 pub fn seconds(ms: u64) -> String {
     format!("{:.2} s", ms as f64 / 1000.0)
 }
 
-/// Prints JSON on stdout, one document.
+/// Prints JSON on stdout, one document. Serialized first, so that a closed pipe shows up
+/// as the `io::Error` that `main` treats as success.
 pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)?;
-    writeln!(out)?;
+    let mut text = serde_json::to_vec_pretty(value)?;
+    text.push(b'\n');
+    std::io::stdout().lock().write_all(&text)?;
     Ok(())
 }
 
@@ -85,7 +86,7 @@ impl Monitor for StderrMonitor {
             return;
         }
         self.last_progress_ms.store(now, Ordering::Relaxed);
-        let pct = if total > 0 { done * 100 / total } else { 100 };
+        let pct = (done * 100).checked_div(total).unwrap_or(100);
         eprint!("\r\x1b[K{what}: {done}/{total} ({pct}%)");
         if done >= total {
             eprint!("\r\x1b[K");

@@ -7,7 +7,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::tree::{Node, NodeKind, Xattr};
+use crate::tree::{Node, NodeKind, Time, Xattr};
 
 /// Caches uid → user name and gid → group name lookups for one walk.
 #[derive(Default)]
@@ -57,18 +57,26 @@ pub fn node_from_metadata(
         gid: md.gid(),
         user: names.user(md.uid()),
         group: names.group(md.gid()),
-        mtime_ns: md
-            .mtime()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(md.mtime_nsec()),
-        ctime_ns: md
-            .ctime()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(md.ctime_nsec()),
+        mtime: mtime(md),
+        ctime: ctime(md),
         inode: md.ino(),
         device: md.dev(),
         links: md.nlink(),
         xattrs: Vec::new(),
+    }
+}
+
+pub fn mtime(md: &Metadata) -> Time {
+    Time {
+        sec: md.mtime(),
+        nsec: md.mtime_nsec().clamp(0, 999_999_999) as u32,
+    }
+}
+
+pub fn ctime(md: &Metadata) -> Time {
+    Time {
+        sec: md.ctime(),
+        nsec: md.ctime_nsec().clamp(0, 999_999_999) as u32,
     }
 }
 
@@ -135,10 +143,7 @@ pub fn apply(path: &Path, node: &Node, owners: bool) -> io::Result<()> {
             std::fs::Permissions::from_mode(node.mode),
         ));
     }
-    let mtime = filetime::FileTime::from_unix_time(
-        node.mtime_ns.div_euclid(1_000_000_000),
-        node.mtime_ns.rem_euclid(1_000_000_000) as u32,
-    );
+    let mtime = filetime::FileTime::from_unix_time(node.mtime.sec, node.mtime.nsec);
     note(filetime::set_symlink_file_times(path, mtime, mtime));
     match first_err {
         Some(e) => Err(e),

@@ -2,7 +2,7 @@
 //! storage it is a set of immutable, sealed index files, each written after the packs it
 //! names are durable.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -61,26 +61,50 @@ pub struct BlobLocation {
 }
 
 /// Blob id → location, for every blob of every loaded index file.
+///
+/// Packs that prune has condemned stay readable, but a blob's location is a live pack
+/// whenever one holds it, and new backups do not build on blobs only condemned packs hold.
 #[derive(Debug, Default)]
 pub struct Index {
     blobs: HashMap<BlobId, BlobLocation>,
+    condemned: HashSet<PackId>,
 }
 
 impl Index {
     pub fn add_pack(&mut self, pack: PackId, entries: &[PackEntry]) {
         self.blobs.reserve(entries.len());
+        let condemned = self.condemned.contains(&pack);
         for e in entries {
-            self.blobs.insert(
-                e.id,
-                BlobLocation {
-                    pack,
-                    kind: e.kind,
-                    offset: e.offset,
-                    length: e.length,
-                    raw_length: e.raw_length,
-                },
-            );
+            let loc = BlobLocation {
+                pack,
+                kind: e.kind,
+                offset: e.offset,
+                length: e.length,
+                raw_length: e.raw_length,
+            };
+            match self.blobs.get(&e.id) {
+                Some(old) if condemned && !self.condemned.contains(&old.pack) => {}
+                _ => {
+                    self.blobs.insert(e.id, loc);
+                }
+            }
         }
+    }
+
+    /// Marks packs as condemned; call before adding them for the preference to apply.
+    pub fn condemn(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        self.condemned.extend(packs);
+    }
+
+    pub fn is_condemned(&self, pack: &PackId) -> bool {
+        self.condemned.contains(pack)
+    }
+
+    /// Whether a live (not condemned) pack holds the blob: what a backup may build on.
+    pub fn contains_live(&self, id: &BlobId) -> bool {
+        self.blobs
+            .get(id)
+            .is_some_and(|loc| !self.condemned.contains(&loc.pack))
     }
 
     pub fn get(&self, id: &BlobId) -> Option<&BlobLocation> {

@@ -17,7 +17,9 @@ pub mod object;
 pub mod ops;
 pub mod pack;
 pub mod repo;
+pub mod session;
 pub mod snapshot;
+pub mod trash;
 pub mod tree;
 pub mod writer;
 

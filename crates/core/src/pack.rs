@@ -128,6 +128,22 @@ pub fn header_range(total: u64, trailer: [u8; 4]) -> Result<(u64, u64), String> 
     Ok((total - 4 - len, len))
 }
 
+/// Whether the blob at `offset`/`length` of a whole pack decrypts, decompresses to
+/// `raw_length` bytes and hashes to `id`.
+pub fn verify_blob(
+    key: &MasterKey,
+    pack: &[u8],
+    id: &BlobId,
+    offset: u32,
+    length: u32,
+    raw_length: u32,
+) -> bool {
+    pack.get(offset as usize..offset as usize + length as usize)
+        .and_then(|sealed| key.open(sealed).ok())
+        .and_then(|tagged| crate::compress::decompress(&tagged, raw_length as usize).ok())
+        .is_some_and(|plain| key.blob_id(&plain) == *id)
+}
+
 /// Reads the header of a whole pack file.
 pub fn read_header(key: &MasterKey, pack: &[u8]) -> Result<Vec<PackEntry>, String> {
     let total = pack.len();

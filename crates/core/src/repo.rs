@@ -89,20 +89,35 @@ impl Repository {
 
     /// Opens a repository with `password` and loads its index.
     pub fn open(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
+        let mut repo = Self::open_without_index(storage, password)?;
+        repo.load_index()?;
+        Ok(repo)
+    }
+
+    /// Opens a repository without reading its index yet ([`load_index`](Self::load_index)):
+    /// a backup first registers its session, then reads the index.
+    pub fn open_without_index(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
         let config = read_config(storage.as_ref())?;
         let key = open_key(storage.as_ref(), password)?;
-        let mut repo = Repository {
+        Ok(Repository {
             storage,
             config,
             key: Arc::new(key),
             index: Index::default(),
             index_problems: Vec::new(),
-        };
-        repo.load_index()?;
-        Ok(repo)
+        })
     }
 
-    fn load_index(&mut self) -> Result<()> {
+    /// (Re)reads the trash and every index file.
+    pub fn load_index(&mut self) -> Result<()> {
+        self.index = Index::default();
+        self.index_problems.clear();
+        for (_, trash) in crate::trash::list(self)? {
+            match trash {
+                Ok(t) => self.index.condemn(t.packs.iter().map(|p| p.id)),
+                Err(e) => self.index_problems.push(e),
+            }
+        }
         for name in self.storage.list("index")? {
             match self.read_index_file(&name) {
                 Ok(file) => self.absorb(&file.packs),
@@ -119,7 +134,7 @@ impl Repository {
     }
 
     /// Files are named by the hash of their bytes: a mismatch is damage, found without a key.
-    fn check_name(&self, name: &str, bytes: &[u8]) -> Result<()> {
+    pub(crate) fn check_name(&self, name: &str, bytes: &[u8]) -> Result<()> {
         let expected = name.rsplit('/').next().unwrap_or(name);
         let actual = blake3::hash(bytes).to_hex();
         if actual.as_str() != expected {
@@ -128,12 +143,17 @@ impl Repository {
         Ok(())
     }
 
-    fn corrupt(&self, name: &str, reason: String) -> Error {
+    pub(crate) fn corrupt(&self, name: &str, reason: String) -> Error {
         Error::CorruptObject {
             location: self.storage.location(),
             name: name.to_string(),
             reason,
         }
+    }
+
+    /// Marks packs condemned in the in-memory index (see [`crate::trash`]).
+    pub fn condemn(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        self.index.condemn(packs);
     }
 
     /// Adds packs written by this process to the in-memory index.

@@ -40,9 +40,8 @@ pub struct Node {
     pub gid: u32,
     pub user: Option<String>,
     pub group: Option<String>,
-    /// Nanoseconds since the Unix epoch.
-    pub mtime_ns: i64,
-    pub ctime_ns: i64,
+    pub mtime: Time,
+    pub ctime: Time,
     pub inode: u64,
     pub device: u64,
     /// Hard link count at backup time; above 1, restore links entries with the same
@@ -87,6 +86,29 @@ pub struct ContentRef {
     pub len: u32,
 }
 
+/// A file time: seconds since the Unix epoch and nanoseconds, as `stat` gives them, so
+/// that any time a filesystem holds (before 1677 or after 2262 too) survives exactly.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Time {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+impl Time {
+    pub fn now() -> Self {
+        let t = jiff::Timestamp::now();
+        Time {
+            sec: t.as_second(),
+            nsec: t.subsec_nanosecond().max(0) as u32,
+        }
+    }
+
+    /// As a timestamp, when jiff can represent it (years -9999 to 9999).
+    pub fn to_timestamp(self) -> Option<jiff::Timestamp> {
+        jiff::Timestamp::new(self.sec, self.nsec as i32).ok()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Xattr {
     pub name: Vec<u8>,
@@ -112,8 +134,8 @@ mod tests {
             gid: 0,
             user: None,
             group: None,
-            mtime_ns: -5,
-            ctime_ns: 0,
+            mtime: Time { sec: -5, nsec: 1 },
+            ctime: Time::default(),
             inode: 1,
             device: 2,
             links: 1,

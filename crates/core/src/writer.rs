@@ -17,8 +17,8 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use crate::compress::{self, Compression};
 use crate::crypto::MasterKey;
 use crate::error::{Error, Result};
-use crate::id::BlobId;
-use crate::index::IndexedPack;
+use crate::id::{BlobId, IndexId, PackId};
+use crate::index::{IndexFile, IndexedPack};
 use crate::pack::{BlobKind, PackWriter};
 use crate::repo::Repository;
 
@@ -35,10 +35,20 @@ struct Sealed {
     raw_length: u32,
 }
 
+/// Packs between interim index files, so that an interrupted backup's packs are found by
+/// the next one: at most this many packs (16 MiB each by default) are ever re-uploaded.
+const PACKS_PER_INTERIM_INDEX: usize = 16;
+
 /// What a writer stored.
 #[derive(Debug, Default)]
 pub struct WriterReport {
+    /// Every pack written, in order.
     pub packs: Vec<IndexedPack>,
+    /// How many of `packs` (from the start) interim index files already name; the caller
+    /// writes an index for the rest.
+    pub packs_indexed: usize,
+    /// Existing packs this writer's dedup decisions rely on.
+    pub reused_packs: HashSet<PackId>,
     pub blobs_added: u64,
     /// Plaintext bytes of the new blobs.
     pub raw_bytes_added: u64,
@@ -54,6 +64,7 @@ pub struct BlobWriter<'r> {
     packer: Option<JoinHandle<Result<WriterReport>>>,
     blobs_added: u64,
     raw_bytes_added: u64,
+    reused_packs: HashSet<PackId>,
 }
 
 impl<'r> BlobWriter<'r> {
@@ -82,6 +93,7 @@ impl<'r> BlobWriter<'r> {
             packer: Some(packer),
             blobs_added: 0,
             raw_bytes_added: 0,
+            reused_packs: HashSet::new(),
         }
     }
 
@@ -99,7 +111,24 @@ impl<'r> BlobWriter<'r> {
         kind: BlobKind,
         data: &[u8],
     ) -> Result<(BlobId, bool)> {
-        if self.repo.index().contains(&id) || !self.pending.insert(id) {
+        let index = self.repo.index();
+        if index.contains_live(&id) {
+            if let Some(loc) = index.get(&id) {
+                self.reused_packs.insert(loc.pack);
+            }
+            return Ok((id, false));
+        }
+        self.store(id, kind, data)
+    }
+
+    /// Stores `data` again even though the index has it (prune's repacking).
+    pub fn add_copy(&mut self, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
+        let id = self.repo.key().blob_id(data);
+        self.store(id, kind, data)
+    }
+
+    fn store(&mut self, id: BlobId, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
+        if !self.pending.insert(id) {
             return Ok((id, false));
         }
         self.blobs_added += 1;
@@ -146,6 +175,7 @@ impl<'r> BlobWriter<'r> {
         let mut report = self.join()?;
         report.blobs_added = self.blobs_added;
         report.raw_bytes_added = self.raw_bytes_added;
+        report.reused_packs = std::mem::take(&mut self.reused_packs);
         Ok(report)
     }
 }
@@ -187,6 +217,12 @@ fn pack_loop(
         storage.write(&id.storage_name(), &bytes)?;
         report.stored_bytes_added += bytes.len() as u64;
         report.packs.push(IndexedPack { id, entries });
+        if report.packs.len() - report.packs_indexed >= PACKS_PER_INTERIM_INDEX {
+            let file = IndexFile::new(report.packs[report.packs_indexed..].to_vec());
+            let bytes = file.seal(key);
+            storage.write(&IndexId::of_bytes(&bytes).storage_name(), &bytes)?;
+            report.packs_indexed = report.packs.len();
+        }
         Ok(())
     };
     for blob in blobs {

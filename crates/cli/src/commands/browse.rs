@@ -2,7 +2,9 @@
 
 use std::io::Write;
 
-use anyhow::Result;
+use std::os::unix::ffi::OsStrExt;
+
+use anyhow::{Context, Result};
 use cairn_core::ops::browse::{self, Entry};
 use cairn_core::tree::{Node, NodeKind};
 
@@ -12,7 +14,7 @@ use crate::{context, output};
 pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
     let repo = context::open(g)?;
     let (_, snapshot) = repo.find_snapshot(&a.snapshot)?;
-    let start = a.path.as_deref().unwrap_or("/");
+    let start = a.path.as_deref().map_or(&b"/"[..], |p| p.as_bytes());
     let mut out = std::io::stdout().lock();
     let mut json = Vec::new();
     let mut show = |path: &[u8], node: &Node| -> cairn_core::Result<()> {
@@ -34,7 +36,7 @@ pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
                 owner,
                 group,
                 size_of(node),
-                output::local_time_ns(node.mtime_ns)
+                output::file_time(node.mtime)
             )
             .map_err(io)?;
         }
@@ -45,13 +47,13 @@ pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
         }
         out.write_all(b"\n").map_err(io)
     };
-    match browse::find(&repo, &snapshot, start.as_bytes())? {
+    match browse::find(&repo, &snapshot, start)? {
         Entry::Root(tree) => browse::walk(&repo, &tree, b"/", &mut show)?,
         Entry::Node(node) => {
             let path = normalized(start);
-            show(path.as_bytes(), &node)?;
+            show(&path, &node)?;
             if let NodeKind::Dir { subtree } = &node.kind {
-                browse::walk(&repo, subtree, path.as_bytes(), &mut show)?;
+                browse::walk(&repo, subtree, &path, &mut show)?;
             }
         }
     }
@@ -61,12 +63,17 @@ pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
     Ok(0)
 }
 
-fn normalized(path: &str) -> String {
-    let names: Vec<String> = browse::path_names(path.as_bytes())
-        .into_iter()
-        .map(|n| String::from_utf8_lossy(n).into_owned())
-        .collect();
-    format!("/{}", names.join("/"))
+/// `/a/b` for `a//b/`, `./a/b` and the like.
+fn normalized(path: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len() + 1);
+    for name in browse::path_names(path) {
+        out.push(b'/');
+        out.extend_from_slice(name);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    out
 }
 
 fn size_of(node: &Node) -> u64 {
@@ -87,7 +94,7 @@ fn node_json(path: &[u8], node: &Node) -> serde_json::Value {
         "gid": node.gid,
         "user": node.user,
         "group": node.group,
-        "mtime": jiff::Timestamp::from_nanosecond(node.mtime_ns as i128).ok(),
+        "mtime": node.mtime.to_timestamp(),
         "inode": node.inode,
         "links": node.links,
     });
@@ -99,13 +106,15 @@ fn node_json(path: &[u8], node: &Node) -> serde_json::Value {
 
 pub fn cat(g: &GlobalArgs, a: CatArgs) -> Result<u8> {
     let repo = context::open(g)?;
-    let (_, snapshot) = repo.find_snapshot(&a.snapshot)?;
+    let (id, snapshot) = repo.find_snapshot(&a.snapshot)?;
+    let shown = a.path.to_string_lossy().into_owned();
     let node = match browse::find(&repo, &snapshot, a.path.as_bytes())? {
         Entry::Node(node) => node,
-        Entry::Root(_) => return Err(cairn_core::Error::NotAFile { path: a.path }.into()),
+        Entry::Root(_) => return Err(cairn_core::Error::NotAFile { path: shown }.into()),
     };
     let mut out = std::io::stdout().lock();
-    browse::cat(&repo, &node, &a.path, &mut out)?;
+    browse::cat(&repo, &node, &shown, &mut out)
+        .with_context(|| format!("Cannot print {shown} of snapshot {}", id.short()))?;
     out.flush()?;
     Ok(0)
 }

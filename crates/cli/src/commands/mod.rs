@@ -3,8 +3,11 @@
 
 mod backup;
 mod browse;
+mod check;
 mod chunk;
+mod forget;
 mod init;
+mod repair;
 mod restore;
 mod snapshots;
 
@@ -23,5 +26,9 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Cat(a) => browse::cat(g, a),
         Command::Restore(a) => restore::run(g, a),
         Command::Chunk(a) => chunk::run(g, a),
+        Command::Check(a) => check::run(g, a),
+        Command::Forget(a) => forget::run(g, a),
+        Command::Prune(a) => forget::prune(g, a.max_unused, a.dry_run),
+        Command::Repair(r) => repair::run(g, r),
     }
 }

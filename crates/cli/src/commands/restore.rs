@@ -1,3 +1,5 @@
+use std::os::unix::ffi::OsStrExt;
+
 use anyhow::Result;
 use cairn_core::ops::restore::{self, Overwrite, RestoreOptions};
 
@@ -6,10 +8,13 @@ use crate::context;
 use crate::output::{self, StderrMonitor};
 
 pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
-    let (spec, subpath) = match a.snapshot.split_once(':') {
-        Some((s, p)) => (s, Some(p.as_bytes().to_vec())),
-        None => (a.snapshot.as_str(), None),
+    let arg = a.snapshot.as_bytes();
+    let (spec, subpath) = match arg.iter().position(|&b| b == b':') {
+        Some(i) => (&arg[..i], Some(arg[i + 1..].to_vec())),
+        None => (arg, None),
     };
+    let spec = std::str::from_utf8(spec)
+        .map_err(|_| anyhow::anyhow!("{:?} is not a snapshot id", a.snapshot))?;
     let repo = context::open(g)?;
     let (id, snapshot) = repo.find_snapshot(spec)?;
     let opts = RestoreOptions {

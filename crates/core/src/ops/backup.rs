@@ -2,7 +2,7 @@
 //! to skip files whose metadata did not change, chunk and hash the rest, hand new blobs
 //! to the writer, store trees bottom-up, then the index, then the snapshot, last.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::{File, Metadata};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -15,14 +15,15 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::fsmeta::{self, NameCache};
-use crate::id::{BlobId, SnapshotId};
+use crate::id::{BlobId, PackId, SnapshotId};
 use crate::monitor::Monitor;
 use crate::ops::exclude::Excludes;
 use crate::pack::BlobKind;
 use crate::repo::Repository;
+use crate::session::{Session, STALE_AFTER};
 use crate::snapshot::{Snapshot, SnapshotSummary};
 use crate::tree::{ContentRef, Node, NodeKind, Tree};
-use crate::writer::BlobWriter;
+use crate::writer::{BlobWriter, WriterReport as Written};
 
 /// What to back up and how. Plain data: the CLI fills it from its flags.
 #[derive(Debug, Clone, Default)]
@@ -77,7 +78,16 @@ pub struct BackupReport {
     pub stats: BackupStats,
 }
 
-/// Backs up `opts.paths`.
+/// Registers a backup session, then (re)reads the index: from here on, prune will not
+/// delete a pack this backup may build on.
+fn begin(repo: &mut Repository, opts: &BackupOptions) -> Result<Session> {
+    let session = Session::start(repo, &opts.host)?;
+    repo.load_index()?;
+    Ok(session)
+}
+
+/// Backs up `opts.paths`. The repository may be opened without its index; the backup
+/// reads it after registering its session.
 pub fn backup(
     repo: &mut Repository,
     opts: &BackupOptions,
@@ -85,6 +95,7 @@ pub fn backup(
 ) -> Result<BackupReport> {
     let started = Instant::now();
     let paths = normalize_paths(&opts.paths)?;
+    let session = begin(repo, opts)?;
     let display_paths: Vec<String> = paths
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
@@ -106,6 +117,7 @@ pub fn backup(
     };
     commit(
         repo,
+        session,
         tree,
         stats,
         parent.map(|p| p.0),
@@ -129,6 +141,7 @@ pub fn backup_stdin(
             "--stdin-filename {name:?} must be a plain file name, without '/'"
         )));
     }
+    let session = begin(repo, opts)?;
     let excludes = Excludes::new(&[])?;
     let (tree, stats) = {
         let mut archiver = Archiver::new(repo, opts, &excludes, monitor)?;
@@ -137,7 +150,7 @@ pub fn backup_stdin(
             .map_err(|e| Error::io("<stdin>", e))?;
         archiver.stats.files_new = 1;
         archiver.stats.total_bytes = size;
-        let now = jiff::Timestamp::now().as_nanosecond() as i64;
+        let now = crate::tree::Time::now();
         let node = Node {
             name: name.as_bytes().to_vec(),
             kind: NodeKind::File { size, content },
@@ -146,8 +159,8 @@ pub fn backup_stdin(
             gid: nix::unistd::getgid().as_raw(),
             user: archiver.names.user(nix::unistd::getuid().as_raw()),
             group: archiver.names.group(nix::unistd::getgid().as_raw()),
-            mtime_ns: now,
-            ctime_ns: now,
+            mtime: now,
+            ctime: now,
             inode: 0,
             device: 0,
             links: 1,
@@ -157,12 +170,14 @@ pub fn backup_stdin(
         archiver.finish(tree)?
     };
     let paths = vec![format!("/{name}")];
-    commit(repo, tree, stats, None, paths, opts, started)
+    commit(repo, session, tree, stats, None, paths, opts, started)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn commit(
     repo: &mut Repository,
-    (tree, packs): (BlobId, Vec<crate::index::IndexedPack>),
+    session: Session,
+    (tree, written): (BlobId, Written),
     mut stats: BackupStats,
     parent: Option<SnapshotId>,
     paths: Vec<String>,
@@ -171,8 +186,22 @@ fn commit(
 ) -> Result<BackupReport> {
     // Durability order: packs are stored (finish waited for them), then the index that
     // names them, then the snapshot that relies on both.
-    repo.write_index(packs.clone())?;
-    repo.absorb(&packs);
+    repo.write_index(written.packs[written.packs_indexed..].to_vec())?;
+    repo.absorb(&written.packs);
+    if session.age() > STALE_AFTER / 2 {
+        // Prune may have taken this session for a crashed one: make sure nothing this
+        // snapshot builds on was deleted meanwhile.
+        for pack in &written.reused_packs {
+            if !repo.storage().exists(&pack.storage_name())? {
+                return Err(Error::InvalidInput(format!(
+                    "This backup ran for {:#}, and pack {} that it builds on was deleted by a prune \
+                     meanwhile; no snapshot was written. Run the backup again (it reuses what was uploaded)",
+                    session.age(),
+                    pack.storage_name()
+                )));
+            }
+        }
+    }
     stats.duration_ms = started.elapsed().as_millis() as u64;
     let snapshot = Snapshot {
         time: jiff::Timestamp::now(),
@@ -191,6 +220,7 @@ fn commit(
         },
     };
     let snapshot_id = repo.save_snapshot(&snapshot)?;
+    session.finish()?;
     Ok(BackupReport {
         snapshot_id,
         snapshot,
@@ -301,6 +331,8 @@ struct Archiver<'r, 'o> {
     root_device: u64,
     /// The chunker's buffer, kept from file to file.
     chunk_buf: Vec<u8>,
+    /// Packs holding the chunks of unchanged files, which this snapshot builds on.
+    reused_packs: HashSet<PackId>,
 }
 
 impl<'r, 'o> Archiver<'r, 'o> {
@@ -322,19 +354,18 @@ impl<'r, 'o> Archiver<'r, 'o> {
             stats: BackupStats::default(),
             root_device: 0,
             chunk_buf: Vec::new(),
+            reused_packs: HashSet::new(),
         })
     }
 
-    fn finish(
-        self,
-        tree: BlobId,
-    ) -> Result<((BlobId, Vec<crate::index::IndexedPack>), BackupStats)> {
+    fn finish(self, tree: BlobId) -> Result<((BlobId, Written), BackupStats)> {
         let mut stats = self.stats;
-        let report = self.writer.finish()?;
+        let mut report = self.writer.finish()?;
         stats.blobs_added = report.blobs_added;
         stats.raw_bytes_added = report.raw_bytes_added;
         stats.bytes_added = report.stored_bytes_added;
-        Ok(((tree, report.packs), stats))
+        report.reused_packs.extend(self.reused_packs);
+        Ok(((tree, report), stats))
     }
 
     fn problem(&mut self, path: &Path, error: &dyn std::fmt::Display) {
@@ -512,12 +543,21 @@ impl<'r, 'o> Archiver<'r, 'o> {
             if let NodeKind::File { size, content } = &p.kind {
                 let unchanged = !self.opts.force
                     && *size == md.len()
-                    && p.mtime_ns == md.mtime() * 1_000_000_000 + md.mtime_nsec()
-                    && p.ctime_ns == md.ctime() * 1_000_000_000 + md.ctime_nsec()
+                    && p.mtime == fsmeta::mtime(md)
+                    && p.ctime == fsmeta::ctime(md)
                     && p.inode == md.ino()
                     && p.device == md.dev()
-                    && content.iter().all(|c| self.repo.index().contains(&c.blob));
+                    && content
+                        .iter()
+                        .all(|c| self.repo.index().contains_live(&c.blob));
                 if unchanged {
+                    let index = self.repo.index();
+                    self.reused_packs.extend(
+                        content
+                            .iter()
+                            .filter_map(|c| index.get(&c.blob))
+                            .map(|l| l.pack),
+                    );
                     self.stats.files_unchanged += 1;
                     self.stats.total_bytes += size;
                     self.monitor.file_done(path, *size);

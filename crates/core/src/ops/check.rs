@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::compress;
 use crate::error::{chain, Result};
 use crate::id::{BlobId, PackId, SnapshotId};
 use crate::index::BlobLocation;
@@ -102,6 +101,8 @@ pub struct CheckReport {
     pub trees: u64,
     pub data_blobs: u64,
     pub packs: u64,
+    /// Packs prune has condemned; not checked, as no snapshot needs them.
+    pub packs_condemned: u64,
     pub packs_read: u64,
     pub blobs_verified: u64,
     pub bytes_read: u64,
@@ -148,7 +149,12 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         );
         bad.extend(indexed[pack].iter().map(|(b, _)| (*b, i)));
     }
-    let mut unindexed: Vec<&PackId> = stored.iter().filter(|p| !indexed.contains_key(p)).collect();
+    let condemned = |p: &PackId| repo.index().is_condemned(p);
+    report.packs_condemned = stored.iter().filter(|p| condemned(p)).count() as u64;
+    let mut unindexed: Vec<&PackId> = stored
+        .iter()
+        .filter(|p| !indexed.contains_key(p) && !condemned(p))
+        .collect();
     unindexed.sort();
     for pack in unindexed {
         report.problem(
@@ -158,9 +164,10 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         );
     }
 
+    // Condemned packs wait for prune to delete them; nothing relies on them.
     let mut to_check: Vec<PackId> = indexed
         .keys()
-        .filter(|p| stored.contains(p))
+        .filter(|p| stored.contains(p) && !condemned(p))
         .copied()
         .collect();
     to_check.sort();
@@ -171,11 +178,11 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         report.blobs_verified += r.blobs_verified;
         if let Some(problem) = r.problem {
             let repair = if r.bad_blobs.is_empty() {
-                REPAIR_INDEX
+                REPAIR_INDEX.to_string()
             } else {
-                REPAIR_SNAPSHOTS
+                format!("{REPAIR_INDEX} --read-data, then {REPAIR_SNAPSHOTS}")
             };
-            let i = report.problem(r.pack.storage_name(), problem, repair);
+            let i = report.problem(r.pack.storage_name(), problem, &repair);
             bad.extend(r.bad_blobs.iter().map(|b| (*b, i)));
         }
     }
@@ -290,11 +297,14 @@ fn check_pack(
         Err(e) => notes.push(format!("header unreadable: {e}")),
     }
     for (id, loc) in blobs {
-        let ok = bytes
-            .get(loc.offset as usize..loc.offset as usize + loc.length as usize)
-            .and_then(|sealed| repo.key().open(sealed).ok())
-            .and_then(|tagged| compress::decompress(&tagged, loc.raw_length as usize).ok())
-            .is_some_and(|plain| repo.key().blob_id(&plain) == *id);
+        let ok = pack::verify_blob(
+            repo.key(),
+            &bytes,
+            id,
+            loc.offset,
+            loc.length,
+            loc.raw_length,
+        );
         if ok {
             r.blobs_verified += 1;
         } else {

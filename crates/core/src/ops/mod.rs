@@ -5,4 +5,6 @@ pub mod browse;
 pub mod check;
 pub mod exclude;
 pub mod forget;
+pub mod prune;
+pub mod repair;
 pub mod restore;

@@ -1,0 +1,57 @@
+use std::io::Write;
+
+use anyhow::Result;
+use cairn_core::ops::check::{self, CheckOptions, Subset};
+
+use crate::args::{CheckArgs, GlobalArgs};
+use crate::context;
+use crate::output::{self, StderrMonitor};
+
+pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
+    let read_data = match (&a.read_data_subset, a.read_data) {
+        (Some(s), _) => Some(s.parse::<Subset>().map_err(anyhow::Error::msg)?),
+        (None, true) => Some(Subset::All),
+        (None, false) => None,
+    };
+    let repo = context::open(g)?;
+    let report = check::check(&repo, &CheckOptions { read_data }, &StderrMonitor::new(g))?;
+    let code = if report.problems.is_empty() { 0 } else { 1 };
+    if g.json {
+        output::json(&report)?;
+        return Ok(code);
+    }
+    let mut out = std::io::stdout().lock();
+    for p in &report.problems {
+        writeln!(out, "problem: {}: {}", p.object, p.problem)?;
+        if p.damaged_paths > 0 {
+            writeln!(out, "  damages {} path(s):", p.damaged_paths)?;
+            for d in &p.damages {
+                writeln!(out, "    snapshot {}  {}", d.snapshot, d.path)?;
+            }
+            if p.damaged_paths > p.damages.len() as u64 {
+                writeln!(
+                    out,
+                    "    ... and {} more",
+                    p.damaged_paths - p.damages.len() as u64
+                )?;
+            }
+        }
+        writeln!(out, "  repair: {}", p.repair)?;
+    }
+    if !g.quiet || code != 0 {
+        writeln!(
+            out,
+            "Checked {} snapshots, {} trees, {} data blobs, {} packs ({} read, {}, {} blobs verified) in {}: {}",
+            report.snapshots,
+            report.trees,
+            report.data_blobs,
+            report.packs,
+            report.packs_read,
+            output::size(report.bytes_read),
+            report.blobs_verified,
+            output::seconds(report.duration_ms),
+            if code == 0 { "no problems found".to_string() } else { format!("{} problem(s)", report.problems.len()) }
+        )?;
+    }
+    Ok(code)
+}

@@ -1,0 +1,167 @@
+//! `forget` and `prune`.
+
+use std::io::Write;
+
+use anyhow::Result;
+use cairn_core::ops::forget::{self, GroupBy, KeepPolicy};
+use cairn_core::ops::prune::{self, PruneOptions, PruneReport};
+
+use crate::args::{ForgetArgs, GlobalArgs};
+use crate::context;
+use crate::output::{self, StderrMonitor};
+
+pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
+    let policy = KeepPolicy {
+        last: a.keep_last,
+        hourly: a.keep_hourly,
+        daily: a.keep_daily,
+        weekly: a.keep_weekly,
+        monthly: a.keep_monthly,
+        yearly: a.keep_yearly,
+        within: a
+            .keep_within
+            .as_deref()
+            .map(forget::parse_within)
+            .transpose()
+            .map_err(anyhow::Error::msg)?,
+        tags: a.keep_tags.clone(),
+    };
+    let group_by: GroupBy = a.group_by.parse().map_err(anyhow::Error::msg)?;
+    let repo = context::open(g)?;
+    if !a.snapshots.is_empty() {
+        if !policy.is_empty() {
+            anyhow::bail!("Give either snapshot ids or a --keep-* policy, not both");
+        }
+        let mut ids = Vec::new();
+        for spec in &a.snapshots {
+            ids.push(repo.find_snapshot(spec)?.0);
+        }
+        if !a.dry_run {
+            forget::remove(&repo, &ids)?;
+        }
+        if g.json {
+            output::json(&serde_json::json!({
+                "removed": ids.iter().map(|i| i.to_hex()).collect::<Vec<_>>(),
+                "dry_run": a.dry_run,
+            }))?;
+        } else if !g.quiet {
+            let verb = if a.dry_run { "would remove" } else { "removed" };
+            for id in &ids {
+                println!("{verb} snapshot {}", id.short());
+            }
+        }
+    } else {
+        let report = forget::forget(&repo, &policy, group_by, a.dry_run)?;
+        if g.json && !a.prune {
+            output::json(&report)?;
+        } else if !g.quiet {
+            let mut out = std::io::stdout().lock();
+            for group in &report.groups {
+                let mut key = Vec::new();
+                if let Some(h) = &group.host {
+                    key.push(format!("host {h}"));
+                }
+                if let Some(p) = &group.paths {
+                    key.push(format!("paths {}", p.join(", ")));
+                }
+                if let Some(t) = &group.tags {
+                    key.push(format!("tags {}", t.join(",")));
+                }
+                writeln!(
+                    out,
+                    "{}:",
+                    if key.is_empty() {
+                        "all snapshots".into()
+                    } else {
+                        key.join(", ")
+                    }
+                )?;
+                for d in &group.snapshots {
+                    let verdict = if d.keep {
+                        format!("keep ({})", d.reasons.join(", "))
+                    } else if a.dry_run {
+                        "would remove".into()
+                    } else {
+                        "removed".into()
+                    };
+                    writeln!(
+                        out,
+                        "  {}  {}  {verdict}",
+                        d.id.short(),
+                        output::local_time(d.time)
+                    )?;
+                }
+            }
+            let verb = if a.dry_run { "would remove" } else { "removed" };
+            writeln!(out, "{verb} {} snapshot(s)", report.removed.len())?;
+        }
+    }
+    if a.prune && !a.dry_run {
+        return prune(g, a.max_unused, false);
+    }
+    Ok(0)
+}
+
+pub fn prune(g: &GlobalArgs, max_unused: f64, dry_run: bool) -> Result<u8> {
+    if !(0.0..=100.0).contains(&max_unused) {
+        anyhow::bail!("--max-unused must be a percentage between 0 and 100");
+    }
+    let mut repo = context::open(g)?;
+    let opts = PruneOptions {
+        max_unused_percent: max_unused,
+        dry_run,
+    };
+    let report = prune::prune(&mut repo, &opts, &StderrMonitor::new(g))?;
+    if g.json {
+        output::json(&report)?;
+    } else if !g.quiet {
+        print_prune(&report);
+    }
+    Ok(0)
+}
+
+fn print_prune(r: &PruneReport) {
+    let would = if r.dry_run { "would be " } else { "" };
+    println!(
+        "{} snapshots need {} blobs; {} blobs ({}) are unused",
+        r.snapshots,
+        r.blobs_used,
+        r.blobs_unused,
+        output::size(r.bytes_unused)
+    );
+    if r.packs_repacked > 0 {
+        println!(
+            "{} packs {would}repacked ({} blobs, {} kept)",
+            r.packs_repacked,
+            r.blobs_repacked,
+            output::size(r.bytes_repacked)
+        );
+    }
+    println!(
+        "{} of {} packs {would}deleted, {} freed",
+        r.packs_deleted,
+        r.packs,
+        output::size(r.bytes_freed)
+    );
+    if r.packs_deferred > 0 {
+        println!(
+            "{} unused packs are kept until these backups, which may build on them, have ended; run prune again later:",
+            r.packs_deferred
+        );
+        for s in &r.blocking_sessions {
+            println!("  {s}");
+        }
+    }
+    if r.packs_rescued > 0 {
+        println!(
+            "{} packs condemned earlier are needed again and were kept",
+            r.packs_rescued
+        );
+    }
+    if r.packs_unindexed > 0 {
+        println!(
+            "{} packs are in no index (a backup may be writing them); left alone. `cairn repair index` adopts them",
+            r.packs_unindexed
+        );
+    }
+}

@@ -1,0 +1,75 @@
+use anyhow::Result;
+use cairn_core::ops::repair;
+
+use crate::args::{GlobalArgs, RepairCommand};
+use crate::context;
+use crate::output::{self, StderrMonitor};
+
+pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
+    let mut repo = context::open(g)?;
+    let monitor = StderrMonitor::new(g);
+    match cmd {
+        RepairCommand::Index(a) => {
+            let r = repair::repair_index(&mut repo, a.read_data, &monitor)?;
+            if g.json {
+                output::json(&r)?;
+            } else if !g.quiet {
+                println!(
+                    "Indexed {} packs ({} blobs), replacing {} index files",
+                    r.packs_indexed, r.blobs_indexed, r.index_files_replaced
+                );
+                if r.blobs_damaged > 0 {
+                    println!(
+                        "Left out {} damaged blobs: `cairn repair snapshots` marks the files that need them, \
+                         and backing those files up again stores them anew",
+                        r.blobs_damaged
+                    );
+                }
+                for (pack, why) in &r.packs_unreadable {
+                    println!("  unreadable, left out: {pack}: {why}");
+                }
+            }
+            Ok(if r.packs_unreadable.is_empty() { 0 } else { 1 })
+        }
+        RepairCommand::Snapshots(a) => {
+            let r = repair::repair_snapshots(&mut repo, a.forget, a.dry_run, &monitor)?;
+            if g.json {
+                output::json(&r)?;
+            } else if !g.quiet {
+                let verb = if a.dry_run { "would be " } else { "" };
+                for id in &r.snapshots_lost {
+                    let fate = if a.forget && !a.dry_run {
+                        "removed"
+                    } else {
+                        "remove it with --forget"
+                    };
+                    println!(
+                        "snapshot {} lost its root directory and cannot be repaired; {fate}",
+                        &id[..8]
+                    );
+                }
+                for (old, new) in &r.snapshots_repaired {
+                    let new = if new.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" as {}", &new[..8])
+                    };
+                    println!("snapshot {} {verb}repaired{new}", &old[..8]);
+                }
+                println!(
+                    "{} snapshots checked, {} {verb}repaired: {} damaged files kept as NAME.damaged, {} unreadable directories emptied{}",
+                    r.snapshots_checked,
+                    r.snapshots_repaired.len(),
+                    r.files_damaged,
+                    r.dirs_damaged,
+                    if r.snapshots_removed > 0 { format!(", {} originals removed", r.snapshots_removed) } else { String::new() }
+                );
+            }
+            Ok(if r.snapshots_lost.is_empty() || a.forget {
+                0
+            } else {
+                1
+            })
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Black-box tests of the `cairn` binary: each test runs the real command in a tempdir,
+//! as a user would, and checks what it did to the files, not just its exit code.
+
+mod backup;
+mod chunk;
+mod common;
+mod damage;
+mod default_repo;
+mod errors;
+mod helpers;
+mod init;
+mod inspect;
+mod options;
+mod props;
+mod restore;

@@ -1,0 +1,158 @@
+//! Global options: where the repository and the password come from, and that they are
+//! accepted on either side of the subcommand.
+
+use crate::common::*;
+
+#[test]
+fn global_options_are_accepted_after_the_subcommand() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("f"), b"f");
+    let out = env
+        .bare_cmd()
+        .arg("backup")
+        .arg(&src)
+        .arg("--repo")
+        .arg(&env.repo)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn backup SRC --repo REPO --json");
+    parse_json(&out.stdout, "backup with --json after the subcommand");
+    let out = env
+        .bare_cmd()
+        .arg("snapshots")
+        .arg("-r")
+        .arg(&env.repo)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn snapshots -r REPO --json");
+    let snaps = parse_json(&out.stdout, "snapshots --json");
+    assert_eq!(snaps.as_array().map(Vec::len), Some(1), "{snaps}");
+}
+
+#[test]
+fn the_repository_can_come_from_cairn_repository() {
+    let env = TestEnv::new();
+    let out = env
+        .bare_cmd()
+        .env("CAIRN_REPOSITORY", &env.repo)
+        .arg("init")
+        .output()
+        .unwrap();
+    assert_success(&out, "CAIRN_REPOSITORY=... cairn init");
+    assert!(
+        env.repo.join("config").is_file(),
+        "the repository is created at CAIRN_REPOSITORY"
+    );
+    let src = env.path("src");
+    write_file(&src.join("f"), b"f");
+    let out = env
+        .bare_cmd()
+        .env("CAIRN_REPOSITORY", &env.repo)
+        .arg("backup")
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_success(&out, "CAIRN_REPOSITORY=... cairn backup");
+    assert_eq!(
+        env.snapshots().len(),
+        1,
+        "-r and CAIRN_REPOSITORY name the same repository"
+    );
+}
+
+#[test]
+fn the_repo_option_wins_over_cairn_repository() {
+    let env = TestEnv::with_repo();
+    let out = env
+        .cmd()
+        .env("CAIRN_REPOSITORY", env.path("nowhere"))
+        .arg("snapshots")
+        .output()
+        .unwrap();
+    assert_success(
+        &out,
+        "cairn -r REPO snapshots with CAIRN_REPOSITORY elsewhere",
+    );
+}
+
+#[test]
+fn a_password_file_opens_a_repository_made_with_the_same_password() {
+    let env = TestEnv::new();
+    let pw = env.path("pw.txt");
+    write_file(&pw, b"s3cret from a file");
+    let out = env
+        .cmd()
+        .env_remove("CAIRN_PASSWORD")
+        .arg("--password-file")
+        .arg(&pw)
+        .arg("init")
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn --password-file init");
+    let out = env
+        .cmd()
+        .env("CAIRN_PASSWORD", "s3cret from a file")
+        .arg("snapshots")
+        .output()
+        .unwrap();
+    assert_success(&out, "the same password from CAIRN_PASSWORD");
+    let out = env
+        .cmd()
+        .env_remove("CAIRN_PASSWORD")
+        .arg("snapshots")
+        .arg("--password-file")
+        .arg(&pw)
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn snapshots --password-file");
+}
+
+#[test]
+fn a_password_command_supplies_the_first_line_of_its_output() {
+    let env = TestEnv::with_repo();
+    let command = format!("echo '{PASSWORD}'; echo 'second line is ignored'");
+    let out = env
+        .cmd()
+        .env_remove("CAIRN_PASSWORD")
+        .args(["--password-command", &command, "snapshots"])
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn --password-command snapshots");
+
+    let out = env
+        .cmd()
+        .env_remove("CAIRN_PASSWORD")
+        .args(["--password-command", "echo not-the-password", "snapshots"])
+        .output()
+        .unwrap();
+    assert_exit(&out, 1, "a password command printing a wrong password");
+    assert!(
+        stderr(&out).to_lowercase().contains("password"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn no_password_for_an_explicit_repository_is_an_error_not_a_hang() {
+    let env = TestEnv::with_repo();
+    let out = env
+        .cmd()
+        .env_remove("CAIRN_PASSWORD")
+        .arg("snapshots")
+        .output()
+        .unwrap();
+    assert_exit(
+        &out,
+        1,
+        "cairn -r REPO snapshots without any password and without a terminal",
+    );
+    assert!(
+        stderr(&out).to_lowercase().contains("password"),
+        "{}",
+        stderr(&out)
+    );
+}

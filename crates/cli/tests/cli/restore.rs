@@ -1,0 +1,430 @@
+//! `cairn restore`: everything a backup keeps comes back, where it should, and
+//! `--overwrite`, `--verify`, `--json` and `SNAPSHOT:SUBPATH` behave as documented.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use crate::common::*;
+
+#[test]
+fn restore_recreates_contents_modes_mtimes_symlinks_hardlinks_fifos_and_odd_names() {
+    let env = TestEnv::with_repo();
+    let src = build_rich_tree(&env.path("src"));
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
+#[test]
+fn restore_recreates_the_backed_up_absolute_path_under_the_target() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("f.txt"), b"f\n");
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_eq!(
+        fs::read(target.join(src.strip_prefix("/").unwrap()).join("f.txt")).unwrap(),
+        b"f\n"
+    );
+    let first = src.components().nth(1).unwrap().as_os_str().to_owned();
+    let top: Vec<_> = fs::read_dir(&target)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        top,
+        vec![first],
+        "only the first component of the source path at the top"
+    );
+}
+
+#[test]
+fn restore_of_a_subpath_puts_its_contents_directly_in_the_target() {
+    let env = TestEnv::with_repo();
+    let src = build_rich_tree(&env.path("src"));
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    let spec = format!("latest:{}", src.join("dir a").display());
+    env.restore(&spec, &target, &[]);
+    assert_trees_equal(
+        &src.join("dir a"),
+        &target,
+        Compare {
+            root_metadata: false,
+            hardlinks: false,
+            ..Compare::ALL
+        },
+    );
+}
+
+#[test]
+fn restore_recreates_owners_of_files_dirs_and_symlinks() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("owned/file.txt"), b"owned\n");
+    std::os::unix::fs::symlink("file.txt", src.join("owned/link")).unwrap();
+    std::os::unix::fs::chown(src.join("owned/file.txt"), Some(1234), Some(5678)).unwrap();
+    std::os::unix::fs::chown(src.join("owned"), Some(4321), Some(8765)).unwrap();
+    std::os::unix::fs::lchown(src.join("owned/link"), Some(1111), Some(2222)).unwrap();
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    let restored = restored_path(&target, &src);
+    let m = fs::metadata(restored.join("owned/file.txt")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (1234, 5678));
+    assert_trees_equal(&src, &restored, Compare::ALL);
+}
+
+#[test]
+fn restore_recreates_user_xattrs() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    if !user_xattrs_supported(&src) {
+        eprintln!("SKIPPED: the tempdir filesystem rejects user.* xattrs");
+        return;
+    }
+    write_file(&src.join("tagged.txt"), b"tagged\n");
+    fs::create_dir(src.join("tagged dir")).unwrap();
+    xattr::set(src.join("tagged.txt"), "user.comment", b"hello xattr").unwrap();
+    xattr::set(src.join("tagged.txt"), "user.binary", &[0u8, 0xff, 0x10, 0]).unwrap();
+    xattr::set(src.join("tagged dir"), "user.dir", b"on a dir").unwrap();
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    let restored = restored_path(&target, &src);
+    assert_eq!(
+        xattr::get(restored.join("tagged.txt"), "user.comment")
+            .unwrap()
+            .as_deref(),
+        Some(&b"hello xattr"[..])
+    );
+    assert_trees_equal(&src, &restored, Compare::ALL);
+}
+
+#[test]
+fn restore_recreates_hardlinks_as_one_inode() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("a"), b"shared contents\n");
+    fs::create_dir_all(src.join("d1/d2")).unwrap();
+    fs::hard_link(src.join("a"), src.join("d1/b")).unwrap();
+    fs::hard_link(src.join("a"), src.join("d1/d2/c")).unwrap();
+    write_file(&src.join("lonely"), b"shared contents\n");
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    let r = restored_path(&target, &src);
+    let ino = |p: &str| fs::metadata(r.join(p)).unwrap().ino();
+    assert_eq!(ino("a"), ino("d1/b"));
+    assert_eq!(ino("a"), ino("d1/d2/c"));
+    assert_ne!(
+        ino("a"),
+        ino("lonely"),
+        "equal contents alone do not make a hardlink"
+    );
+    assert_eq!(fs::metadata(r.join("a")).unwrap().nlink(), 3);
+}
+
+#[test]
+fn restore_recreates_symlinks_with_their_exact_target_text() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    fs::create_dir_all(&src).unwrap();
+    for (name, target) in [
+        ("rel", "../outside/file"),
+        ("abs", "/definitely/not/here"),
+        ("dot", "./x/../y"),
+        ("spaces", "a b  c"),
+    ] {
+        std::os::unix::fs::symlink(target, src.join(name)).unwrap();
+    }
+    env.backup(&[&src], &[]);
+    let out_dir = env.path("restored");
+    env.restore("latest", &out_dir, &[]);
+    let r = restored_path(&out_dir, &src);
+    assert_eq!(
+        fs::read_link(r.join("rel")).unwrap().to_str(),
+        Some("../outside/file")
+    );
+    assert_eq!(
+        fs::read_link(r.join("spaces")).unwrap().to_str(),
+        Some("a b  c")
+    );
+    assert_trees_equal(&src, &r, Compare::ALL);
+}
+
+#[test]
+fn restore_recreates_a_file_with_a_non_utf8_name() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join(non_utf8_name()), b"bytes in a name\n");
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_eq!(
+        fs::read(restored_path(&target, &src).join(non_utf8_name())).unwrap(),
+        b"bytes in a name\n"
+    );
+}
+
+#[test]
+fn restore_of_an_older_snapshot_gives_its_older_contents() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("f.txt"), b"old\n");
+    write_file(&src.join("gone.txt"), b"deleted later\n");
+    let old_state = env.path("state-old");
+    copy_tree(&src, &old_state);
+    let old = env.backup_id(&[&src], &[]);
+
+    write_file(&src.join("f.txt"), b"new contents\n");
+    fs::remove_file(src.join("gone.txt")).unwrap();
+    write_file(&src.join("added.txt"), b"added\n");
+    env.backup(&[&src], &[]);
+
+    let target = env.path("restored-old");
+    env.restore(&old, &target, &[]);
+    assert_trees_equal(&old_state, &restored_path(&target, &src), Compare::ALL);
+    let target = env.path("restored-new");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
+#[test]
+fn overwrite_always_replaces_edited_files_in_the_target() {
+    let env = TestEnv::with_repo();
+    let src = build_rich_tree(&env.path("src"));
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    let r = restored_path(&target, &src);
+    write_file(&r.join("hello.txt"), b"scribbled over\n");
+    fs::remove_file(r.join("dir a/random.bin")).unwrap();
+    fs::set_permissions(r.join("secret"), fs::Permissions::from_mode(0o666)).unwrap();
+
+    env.restore("latest", &target, &["--overwrite", "always"]);
+    assert_trees_equal(&src, &r, Compare::ALL);
+}
+
+#[test]
+fn overwrite_never_keeps_existing_files_and_restores_missing_ones() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("keep-mine.txt"), b"from the backup\n");
+    write_file(&src.join("missing.txt"), b"restore me\n");
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    let r = restored_path(&target, &src);
+    write_file(&r.join("keep-mine.txt"), b"local edit\n");
+
+    let out = env
+        .cmd()
+        .arg("restore")
+        .arg("latest")
+        .arg("--target")
+        .arg(&target)
+        .args(["--overwrite", "never"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        fs::read(r.join("keep-mine.txt")).unwrap(),
+        b"local edit\n",
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(
+        fs::read(r.join("missing.txt")).unwrap(),
+        b"restore me\n",
+        "{}",
+        describe(&out)
+    );
+}
+
+#[test]
+fn verify_passes_after_restoring_from_an_intact_repository() {
+    let env = TestEnv::with_small_chunk_repo();
+    let src = build_rich_tree(&env.path("src"));
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &["--verify"]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
+#[test]
+fn restore_json_counts_files_and_bytes_restored() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("a.txt"), b"12345");
+    write_file(&src.join("sub/b.bin"), &random_bytes(500_000, 8));
+    write_file(&src.join("sub/empty"), b"");
+    let target = env.path("restored");
+    env.backup(&[&src], &[]);
+    let out = env.restore("latest", &target, &["--json"]);
+    let s = parse_json(&out.stdout, "cairn restore --json");
+    assert_eq!(json_u64(&s, "files_restored"), 3, "{s}");
+    assert_eq!(json_u64(&s, "bytes_restored"), 500_005, "{s}");
+}
+
+#[test]
+fn restore_into_a_directory_that_does_not_exist_yet_creates_it() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("a.txt"), b"a");
+    env.backup(&[&src], &[]);
+    let target = env.path("not/yet/there");
+    env.restore("latest", &target, &[]);
+    assert_eq!(
+        fs::read(restored_path(&target, &src).join("a.txt")).unwrap(),
+        b"a"
+    );
+}
+
+#[test]
+fn a_snapshot_of_two_sources_restores_both() {
+    let env = TestEnv::with_repo();
+    let one = env.path("one");
+    let two = env.path("deeper/two");
+    write_file(&one.join("1.txt"), b"one");
+    write_file(&two.join("2.txt"), b"two");
+    env.backup(&[&one, &two], &[]);
+    let paths = env.snapshots()[0]["paths"].clone();
+    let mut paths: Vec<&str> = paths
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    paths.sort();
+    let mut expected = vec![two.to_str().unwrap(), one.to_str().unwrap()];
+    expected.sort();
+    assert_eq!(paths, expected);
+
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&one, &restored_path(&target, &one), Compare::ALL);
+    assert_trees_equal(&two, &restored_path(&target, &two), Compare::ALL);
+}
+
+#[test]
+fn restore_keeps_mtimes_before_1970() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("old.txt"), b"old\n");
+    set_mtime(&src.join("old.txt"), -315_619_200, 123_456_789); // 1960-01-01
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
+#[test]
+fn restore_keeps_an_mtime_after_the_year_2262() {
+    // 2262-04-11 is where i64 nanoseconds since 1970 run out.
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("future.txt"), b"from the future\n");
+    set_mtime(&src.join("future.txt"), 16_725_225_600, 500_000_000); // 2500-01-01
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
+#[test]
+fn restore_of_read_only_directories_still_fills_them() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("ro/inner/f.txt"), b"inside a read-only dir\n");
+    set_mode(&src.join("ro/inner"), 0o500);
+    set_mode(&src.join("ro"), 0o555);
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
+#[test]
+fn a_backed_up_single_file_restores_under_its_absolute_path() {
+    let env = TestEnv::with_repo();
+    let file = env.path("dir/only.txt");
+    write_file(&file, b"just me\n");
+    env.backup(&[&file], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_eq!(
+        fs::read(restored_path(&target, &file)).unwrap(),
+        b"just me\n"
+    );
+}
+
+#[test]
+fn two_sources_with_the_same_name_are_both_kept() {
+    let env = TestEnv::with_repo();
+    let a = env.path("a/data");
+    let b = env.path("b/data");
+    write_file(&a.join("f"), b"from a");
+    write_file(&b.join("f"), b"from b");
+    env.backup(&[&a, &b], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_eq!(
+        fs::read(restored_path(&target, &a).join("f")).unwrap(),
+        b"from a"
+    );
+    assert_eq!(
+        fs::read(restored_path(&target, &b).join("f")).unwrap(),
+        b"from b"
+    );
+}
+
+#[test]
+fn overwrite_replaces_a_symlink_in_the_target_instead_of_writing_through_it() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("victim"), b"restored contents\n");
+    env.backup(&[&src], &[]);
+    let outside = env.path("outside.txt");
+    write_file(&outside, b"must stay\n");
+    let target = env.path("restored");
+    let r = restored_path(&target, &src);
+    fs::create_dir_all(&r).unwrap();
+    std::os::unix::fs::symlink(&outside, r.join("victim")).unwrap();
+
+    env.restore("latest", &target, &["--overwrite", "always"]);
+    assert_eq!(
+        fs::read(&outside).unwrap(),
+        b"must stay\n",
+        "restore wrote through a symlink"
+    );
+    assert!(fs::symlink_metadata(r.join("victim")).unwrap().is_file());
+    assert_eq!(fs::read(r.join("victim")).unwrap(), b"restored contents\n");
+}
+
+#[test]
+fn overwrite_replaces_a_symlinked_directory_in_the_target_instead_of_writing_into_it() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("sub/victim"), b"restored contents\n");
+    env.backup(&[&src], &[]);
+    let outside = env.path("outside");
+    write_file(&outside.join("victim"), b"must stay\n");
+    let target = env.path("restored");
+    let r = restored_path(&target, &src);
+    fs::create_dir_all(&r).unwrap();
+    std::os::unix::fs::symlink(&outside, r.join("sub")).unwrap();
+
+    env.restore("latest", &target, &["--overwrite", "always"]);
+    assert_eq!(
+        fs::read(outside.join("victim")).unwrap(),
+        b"must stay\n",
+        "restore wrote through a symlinked dir"
+    );
+    assert!(fs::symlink_metadata(r.join("sub")).unwrap().is_dir());
+    assert_eq!(
+        fs::read(r.join("sub/victim")).unwrap(),
+        b"restored contents\n"
+    );
+}

@@ -1,0 +1,307 @@
+//! `repair index` and `repair snapshots`: get a damaged repository back to one that checks
+//! clean, keeping everything that can still be read.
+//!
+//! - The index is rebuilt from the pack headers alone: one new index file is written for
+//!   every pack whose header reads, then the old index files are removed.
+//! - Snapshots whose files need blobs that are gone are rewritten: a damaged file keeps the
+//!   chunks that remain, under its name plus `.damaged`; an unreadable directory becomes an
+//!   empty one marked the same way. The new snapshot carries the tag `repaired`.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::error::{chain, Result};
+use crate::id::{BlobId, PackId, SnapshotId};
+use crate::index::IndexedPack;
+use crate::monitor::Monitor;
+use crate::pack::BlobKind;
+use crate::repo::Repository;
+use crate::snapshot::Snapshot;
+use crate::tree::{NodeKind, Tree};
+use crate::writer::BlobWriter;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IndexRepairReport {
+    pub packs_indexed: u64,
+    pub blobs_indexed: u64,
+    /// Packs whose header could not be read, with the reason; their blobs are lost.
+    pub packs_unreadable: Vec<(String, String)>,
+    pub index_files_replaced: u64,
+    /// With `read_data`: blobs left out of the index because their data is damaged. A
+    /// later backup of the same files stores them again.
+    pub blobs_damaged: u64,
+    /// Packs with damaged blobs whose good blobs were copied out; `prune` deletes them.
+    pub packs_condemned: u64,
+}
+
+/// Rebuilds the index from the pack headers; with `read_data`, every blob is verified
+/// and damaged ones are left out.
+pub fn repair_index(
+    repo: &mut Repository,
+    read_data: bool,
+    monitor: &dyn Monitor,
+) -> Result<IndexRepairReport> {
+    let mut report = IndexRepairReport::default();
+    let old: Vec<String> = repo.storage().list("index")?;
+    let packs = repo.list_packs()?;
+    let mut indexed = Vec::with_capacity(packs.len());
+    // Packs with damaged blobs: their good blobs move to new packs, then they are condemned.
+    let mut damaged = Vec::new();
+    for (i, pack) in packs.iter().enumerate() {
+        monitor.progress("reading pack headers", i as u64, packs.len() as u64);
+        let header = match read_data {
+            false => repo.read_pack_header(pack),
+            true => {
+                let before = report.blobs_damaged;
+                let r = read_verified(repo, pack, &mut report.blobs_damaged);
+                if let Ok(good) = &r {
+                    if report.blobs_damaged > before {
+                        damaged.push((*pack, good.clone()));
+                    }
+                }
+                r
+            }
+        };
+        match header {
+            Ok(entries) => {
+                report.blobs_indexed += entries.len() as u64;
+                indexed.push(IndexedPack { id: *pack, entries });
+            }
+            Err(e) => report
+                .packs_unreadable
+                .push((pack.storage_name(), chain(&e))),
+        }
+    }
+    report.packs_indexed = indexed.len() as u64;
+    let new = repo.write_index(indexed)?.map(|id| id.storage_name());
+    for name in old {
+        if Some(&name) != new.as_ref() {
+            match repo.storage().delete(&name) {
+                Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            report.index_files_replaced += 1;
+        }
+    }
+    repo.load_index()?;
+    if !damaged.is_empty() {
+        crate::ops::prune::repack(repo, &damaged, monitor)?;
+        let now = jiff::Timestamp::now();
+        let condemned = damaged
+            .iter()
+            .map(|(id, _)| crate::trash::Condemned {
+                id: *id,
+                condemned_at: now,
+            })
+            .collect();
+        crate::trash::write(repo, &crate::trash::TrashFile::new(condemned))?;
+        report.packs_condemned = damaged.len() as u64;
+        repo.load_index()?;
+    }
+    Ok(report)
+}
+
+/// A pack's header entries whose blobs verify.
+fn read_verified(
+    repo: &Repository,
+    pack: &PackId,
+    damaged: &mut u64,
+) -> Result<Vec<crate::pack::PackEntry>> {
+    let name = pack.storage_name();
+    let bytes = repo.storage().read(&name)?;
+    let entries =
+        crate::pack::read_header(repo.key(), &bytes).map_err(|r| repo.corrupt(&name, r))?;
+    let before = entries.len();
+    let good: Vec<_> = entries
+        .into_iter()
+        .filter(|e| {
+            crate::pack::verify_blob(repo.key(), &bytes, &e.id, e.offset, e.length, e.raw_length)
+        })
+        .collect();
+    *damaged += (before - good.len()) as u64;
+    Ok(good)
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SnapshotRepairReport {
+    pub snapshots_checked: u64,
+    /// (old id, new id) of each rewritten snapshot.
+    pub snapshots_repaired: Vec<(String, String)>,
+    /// Snapshots whose root directory is lost: nothing can be repaired; `--forget`
+    /// removes them.
+    pub snapshots_lost: Vec<String>,
+    pub files_damaged: u64,
+    pub dirs_damaged: u64,
+    pub snapshots_removed: u64,
+}
+
+/// Rewrites snapshots that need missing blobs. With `forget`, the damaged originals are
+/// removed once their repaired versions are written.
+pub fn repair_snapshots(
+    repo: &mut Repository,
+    forget: bool,
+    dry_run: bool,
+    monitor: &dyn Monitor,
+) -> Result<SnapshotRepairReport> {
+    let mut report = SnapshotRepairReport::default();
+    let stored: HashSet<PackId> = repo.list_packs()?.into_iter().collect();
+    let list = repo.snapshots()?;
+    let mut repaired: Vec<(SnapshotId, Snapshot, BlobId)> = Vec::new();
+    let mut lost = Vec::new();
+    let written = {
+        let mut fixer = Fixer {
+            repo,
+            stored,
+            writer: None,
+            done: HashMap::new(),
+            files_damaged: 0,
+            dirs_damaged: 0,
+            dry_run,
+        };
+        for (i, (id, snapshot)) in list.snapshots.iter().enumerate() {
+            monitor.progress("snapshots", i as u64, list.snapshots.len() as u64);
+            report.snapshots_checked += 1;
+            if !fixer.readable(&snapshot.tree) || fixer.repo.read_tree(&snapshot.tree).is_err() {
+                // Nothing of it can be found without its root directory.
+                lost.push(*id);
+                continue;
+            }
+            if let Some(tree) = fixer.fix_tree(&snapshot.tree)? {
+                repaired.push((*id, snapshot.clone(), tree));
+            }
+        }
+        report.files_damaged = fixer.files_damaged;
+        report.dirs_damaged = fixer.dirs_damaged;
+        match fixer.writer {
+            Some(w) => Some(w.finish()?),
+            None => None,
+        }
+    };
+    if let Some(w) = written {
+        repo.write_index(w.packs[w.packs_indexed..].to_vec())?;
+        repo.absorb(&w.packs);
+    }
+    report.snapshots_lost = lost.iter().map(|id| id.to_hex()).collect();
+    if forget && !dry_run {
+        crate::ops::forget::remove(repo, &lost)?;
+        report.snapshots_removed += lost.len() as u64;
+    }
+    for (old_id, old, tree) in repaired {
+        if dry_run {
+            report
+                .snapshots_repaired
+                .push((old_id.to_hex(), String::new()));
+            continue;
+        }
+        let mut snapshot = old.clone();
+        snapshot.tree = tree;
+        snapshot.parent = Some(old_id);
+        if !snapshot.tags.iter().any(|t| t == "repaired") {
+            snapshot.tags.push("repaired".into());
+        }
+        let new_id = repo.save_snapshot(&snapshot)?;
+        if forget {
+            crate::ops::forget::remove(repo, &[old_id])?;
+            report.snapshots_removed += 1;
+        }
+        report
+            .snapshots_repaired
+            .push((old_id.to_hex(), new_id.to_hex()));
+    }
+    Ok(report)
+}
+
+struct Fixer<'r> {
+    repo: &'r Repository,
+    stored: HashSet<PackId>,
+    writer: Option<BlobWriter<'r>>,
+    /// Tree id → its repaired id (`None`: intact).
+    done: HashMap<BlobId, Option<BlobId>>,
+    files_damaged: u64,
+    dirs_damaged: u64,
+    dry_run: bool,
+}
+
+impl Fixer<'_> {
+    fn readable(&self, blob: &BlobId) -> bool {
+        self.repo
+            .index()
+            .get(blob)
+            .is_some_and(|loc| self.stored.contains(&loc.pack))
+    }
+
+    /// The id of a repaired copy of `tree`, or `None` when it is intact.
+    fn fix_tree(&mut self, id: &BlobId) -> Result<Option<BlobId>> {
+        if let Some(done) = self.done.get(id) {
+            return Ok(*done);
+        }
+        let tree = self.repo.read_tree(id)?;
+        let mut changed = false;
+        let mut nodes = Vec::with_capacity(tree.nodes.len());
+        for mut node in tree.nodes {
+            match &node.kind {
+                NodeKind::Dir { subtree } => {
+                    let subtree = *subtree;
+                    if self.readable(&subtree) && self.repo.read_tree(&subtree).is_ok() {
+                        if let Some(new) = self.fix_tree(&subtree)? {
+                            node.kind = NodeKind::Dir { subtree: new };
+                            changed = true;
+                        }
+                    } else {
+                        node.kind = NodeKind::Dir {
+                            subtree: self.store(&Tree::default())?,
+                        };
+                        mark(&mut node.name);
+                        self.dirs_damaged += 1;
+                        changed = true;
+                    }
+                }
+                NodeKind::File { content, .. }
+                    if content.iter().any(|c| !self.readable(&c.blob)) =>
+                {
+                    let kept: Vec<_> = content
+                        .iter()
+                        .copied()
+                        .filter(|c| self.readable(&c.blob))
+                        .collect();
+                    let size = kept.iter().map(|c| c.len as u64).sum();
+                    node.kind = NodeKind::File {
+                        size,
+                        content: kept,
+                    };
+                    mark(&mut node.name);
+                    self.files_damaged += 1;
+                    changed = true;
+                }
+                _ => {}
+            }
+            nodes.push(node);
+        }
+        let result = if changed {
+            nodes.sort_by(|a, b| a.name.cmp(&b.name));
+            nodes.dedup_by(|a, b| a.name == b.name);
+            Some(self.store(&Tree { nodes })?)
+        } else {
+            None
+        };
+        self.done.insert(*id, result);
+        Ok(result)
+    }
+
+    fn store(&mut self, tree: &Tree) -> Result<BlobId> {
+        let bytes = tree.to_bytes();
+        if self.dry_run {
+            return Ok(self.repo.key().blob_id(&bytes));
+        }
+        let repo = self.repo;
+        let writer = self.writer.get_or_insert_with(|| repo.blob_writer());
+        Ok(writer.add(BlobKind::Tree, &bytes)?.0)
+    }
+}
+
+fn mark(name: &mut Vec<u8>) {
+    if !name.ends_with(b".damaged") {
+        name.extend_from_slice(b".damaged");
+    }
+}
