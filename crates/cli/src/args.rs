@@ -168,6 +168,9 @@ pub struct InitArgs {
     /// zstd, zstd:LEVEL (1-22), lz4 or none
     #[arg(long, default_value = "zstd:3")]
     pub compression: String,
+    /// Target size of pack files (1M to 1G; default 16M)
+    #[arg(long, value_parser = parse_size)]
+    pub pack_size: Option<u32>,
 }
 
 #[derive(Debug, Args)]

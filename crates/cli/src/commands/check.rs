@@ -21,6 +21,9 @@ pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
         return Ok(code);
     }
     let mut out = std::io::stdout().lock();
+    for note in &report.notes {
+        writeln!(out, "note: {note}")?;
+    }
     for p in &report.problems {
         writeln!(out, "problem: {}: {}", p.object, p.problem)?;
         if p.damaged_paths > 0 {

@@ -13,8 +13,16 @@ pub fn run(g: &GlobalArgs, a: InitArgs) -> Result<u8> {
         a.chunk_max.unwrap_or(d.max_size),
     )
     .context("Invalid --chunk-min/--chunk-avg/--chunk-max")?;
+    let pack_size = match a.pack_size {
+        Some(size) if !(1 << 20..=1 << 30).contains(&size) => {
+            anyhow::bail!("--pack-size must be between 1M and 1G")
+        }
+        Some(size) => size as u64,
+        None => InitOptions::default().pack_size,
+    };
     let opts = InitOptions {
         chunker,
+        pack_size,
         compression: a.compression.parse().map_err(anyhow::Error::msg)?,
         host: gethostname::gethostname().to_string_lossy().into_owned(),
         ..InitOptions::default()

@@ -107,6 +107,8 @@ pub struct CheckReport {
     pub blobs_verified: u64,
     pub bytes_read: u64,
     pub problems: Vec<CheckProblem>,
+    /// Things worth knowing that are not damage.
+    pub notes: Vec<String>,
     pub duration_ms: u64,
 }
 
@@ -156,12 +158,26 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         .filter(|p| !indexed.contains_key(p) && !condemned(p))
         .collect();
     unindexed.sort();
-    for pack in unindexed {
-        report.problem(
-            pack.storage_name(),
-            "pack is in no index file (left by an interrupted backup or a damaged index)".into(),
-            REPAIR_INDEX,
-        );
+    if !unindexed.is_empty() {
+        // Not damage: an interrupted or running backup leaves such packs, and no snapshot
+        // relies on them (if one did, the walk below reports the blobs it misses).
+        report.notes.push(format!(
+            "{} pack(s) are in no index file, e.g. {}: left by an interrupted or running backup. \
+             `cairn repair index` adopts them so that backups reuse their data",
+            unindexed.len(),
+            unindexed[0].storage_name()
+        ));
+    }
+    for (name, info) in crate::session::list(repo)? {
+        let stale = info.as_ref().is_none_or(|s| {
+            jiff::Timestamp::now().duration_since(s.started) > crate::session::STALE_AFTER
+        });
+        if stale {
+            report.notes.push(format!(
+                "{name} is a backup session that is stale or unreadable; it postpones deletions by prune. \
+                 If no backup is running, remove the file"
+            ));
+        }
     }
 
     // Condemned packs wait for prune to delete them; nothing relies on them.
