@@ -7,6 +7,7 @@ mod common;
 mod damage;
 mod default_repo;
 mod errors;
+mod fixtures;
 mod helpers;
 mod init;
 mod inspect;
