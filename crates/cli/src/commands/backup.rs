@@ -41,6 +41,9 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
     } else {
         backup::backup(&mut repo, &opts, &StderrMonitor::new(g))?
     };
+    for problem in repo.index_problems() {
+        eprintln!("warning: {}", cairn_core::error::chain(problem));
+    }
     print(g, &report)?;
     Ok(if report.stats.errors.is_empty() {
         0
