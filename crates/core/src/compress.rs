@@ -105,11 +105,30 @@ pub fn decompress(tagged: &[u8], raw_len: usize) -> Result<Vec<u8>, DecompressEr
         .ok_or_else(|| DecompressError("empty blob".into()))?;
     let out = match tag {
         TAG_RAW => body.to_vec(),
+        // `raw_len` comes from storage: memory is reserved as the output grows, never
+        // up front, so a hostile length cannot make us allocate gigabytes.
         TAG_ZSTD => {
-            zstd::bulk::decompress(body, raw_len).map_err(|e| DecompressError(e.to_string()))?
+            use std::io::Read;
+            let err = |e: std::io::Error| DecompressError(e.to_string());
+            let mut out = Vec::with_capacity(raw_len.min(body.len().saturating_mul(16)));
+            zstd::stream::read::Decoder::with_buffer(body)
+                .map_err(err)?
+                .take(raw_len as u64 + 1)
+                .read_to_end(&mut out)
+                .map_err(err)?;
+            out
         }
-        TAG_LZ4 => lz4_flex::block::decompress(body, raw_len)
-            .map_err(|e| DecompressError(e.to_string()))?,
+        TAG_LZ4 => {
+            // An LZ4 block expands at most 255-fold.
+            if raw_len > body.len().saturating_mul(255) {
+                return Err(DecompressError(format!(
+                    "{} LZ4 bytes cannot hold {raw_len} bytes",
+                    body.len()
+                )));
+            }
+            lz4_flex::block::decompress(body, raw_len)
+                .map_err(|e| DecompressError(e.to_string()))?
+        }
         other => return Err(DecompressError(format!("unknown codec tag {other}"))),
     };
     if out.len() != raw_len {

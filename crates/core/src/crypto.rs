@@ -188,6 +188,19 @@ impl KeyFile {
             return Err(KeyFileError::UnknownKdf(self.kdf.clone()));
         }
         let bad = |what: &str| KeyFileError::Malformed(what.to_string());
+        // Key files are plaintext on storage: whoever can write there must not be able to
+        // make opening one take terabytes or hours.
+        let p = self.params;
+        if !(8..=4 << 20).contains(&p.memory_kib)
+            || !(1..=64).contains(&p.iterations)
+            || !(1..=64).contains(&p.parallelism)
+        {
+            return Err(bad(&format!(
+                "Argon2 costs out of range (memory {} KiB of at most 4 GiB, {} passes of at most 64, \
+                 {} lanes of at most 64)",
+                p.memory_kib, p.iterations, p.parallelism
+            )));
+        }
         let salt = B64
             .decode(&self.salt)
             .map_err(|_| bad("salt is not base64"))?;
