@@ -11,6 +11,7 @@ mod fixtures;
 mod helpers;
 mod init;
 mod inspect;
+mod maintenance;
 mod options;
 mod props;
 mod restore;

@@ -1,0 +1,163 @@
+//! forget and prune through the binary: retention decisions, space really freed, and
+//! deletions deferred while a backup that may build on them is running.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+
+use crate::common::*;
+
+fn data_bytes(env: &TestEnv) -> u64 {
+    env.repo_files("data")
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum()
+}
+
+fn json_of(env: &TestEnv, args: &[&str]) -> serde_json::Value {
+    let out = env.cmd().args(args).arg("--json").output().unwrap();
+    assert_success(&out, &format!("cairn {args:?}"));
+    parse_json(&out.stdout, &format!("cairn {args:?} --json"))
+}
+
+#[test]
+fn forget_keep_last_then_prune_frees_the_space_of_the_forgotten_data() {
+    let env = TestEnv::with_small_chunk_repo();
+    let src = env.path("src");
+    write_file(&src.join("old.bin"), &random_bytes(3_000_000, 1));
+    let first = env.backup_id(&[&src], &[]);
+    std::fs::remove_file(src.join("old.bin")).unwrap();
+    write_file(&src.join("new.bin"), &random_bytes(1_000_000, 2));
+    let kept = copy_of(&env, &src, "kept");
+    let second = env.backup_id(&[&src], &[]);
+    let before = data_bytes(&env);
+
+    let forget = json_of(&env, &["forget", "--keep-last", "1"]);
+    let removed: Vec<&str> = forget["removed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(removed, vec![first.as_str()]);
+
+    let prune = json_of(&env, &["prune"]);
+    assert!(json_u64(&prune, "packs_deleted") > 0, "{prune}");
+    assert_eq!(json_u64(&prune, "packs_deferred"), 0, "{prune}");
+    let after = data_bytes(&env);
+    assert!(
+        after < before - 2_500_000,
+        "prune freed the forgotten 3 MB: {before} -> {after} bytes"
+    );
+    let out = env.cmd().args(["check", "--read-data"]).output().unwrap();
+    assert_success(&out, "check after prune");
+    let target = env.path("restored");
+    env.restore(&second, &target, &[]);
+    assert_trees_equal(&kept, &restored_path(&target, &src), Compare::CONTENTS);
+}
+
+fn copy_of(env: &TestEnv, src: &Path, name: &str) -> std::path::PathBuf {
+    let copy = env.path(name);
+    copy_tree(src, &copy);
+    copy
+}
+
+#[test]
+fn forget_dry_run_explains_and_removes_nothing() {
+    let env = TestEnv::with_small_chunk_repo();
+    let src = env.path("src");
+    write_file(&src.join("a"), b"one");
+    env.backup(&[&src], &[]);
+    write_file(&src.join("a"), b"two");
+    env.backup(&[&src], &[]);
+    let out = env
+        .cmd()
+        .args(["forget", "--keep-last", "1", "--dry-run"])
+        .output()
+        .unwrap();
+    assert_success(&out, "forget --dry-run");
+    let text = stdout(&out);
+    assert!(
+        text.contains("keep (last)") && text.contains("would remove"),
+        "{text}"
+    );
+    assert_eq!(env.snapshots().len(), 2, "a dry run removes nothing");
+    let out = env.cmd().args(["forget"]).output().unwrap();
+    assert_exit(&out, 1, "forget without a policy");
+    assert!(stderr(&out).contains("--keep-last"), "{}", stderr(&out));
+}
+
+#[test]
+fn prune_defers_deletions_while_a_backup_is_running_and_does_them_after() {
+    let env = TestEnv::with_small_chunk_repo();
+    let src = env.path("src");
+    write_file(&src.join("doomed.bin"), &random_bytes(2_000_000, 3));
+    env.backup(&[&src], &[]);
+    write_file(&src.join("doomed.bin"), &random_bytes(500_000, 4));
+    env.backup(&[&src], &[]);
+    let forget = json_of(&env, &["forget", "--keep-last", "1"]);
+    assert_eq!(forget["removed"].as_array().unwrap().len(), 1);
+
+    // A backup from standard input stays running, with its session registered, until its
+    // input closes.
+    let mut running = std::process::Command::new(cairn_bin());
+    running
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", env.path("home"))
+        .env("CAIRN_PASSWORD", PASSWORD)
+        .arg("-r")
+        .arg(&env.repo)
+        .args(["backup", "--json", "--stdin", "--stdin-filename", "stream"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = running.spawn().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while env.repo_files("sessions").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the running backup registered no session"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    let before = data_bytes(&env);
+    let prune = json_of(&env, &["prune"]);
+    assert!(json_u64(&prune, "packs_deferred") > 0, "{prune}");
+    assert_eq!(json_u64(&prune, "packs_deleted"), 0, "{prune}");
+    assert!(
+        !prune["blocking_sessions"].as_array().unwrap().is_empty(),
+        "{prune}"
+    );
+    assert_eq!(
+        data_bytes(&env),
+        before,
+        "nothing deleted while the backup runs"
+    );
+
+    child
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(&random_bytes(100_000, 5))
+        .unwrap();
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    assert_success(&out, "the stdin backup");
+    assert!(
+        env.repo_files("sessions").is_empty(),
+        "the session ended with the backup"
+    );
+
+    let prune = json_of(&env, &["prune"]);
+    assert!(json_u64(&prune, "packs_deleted") > 0, "{prune}");
+    assert_eq!(json_u64(&prune, "packs_deferred"), 0, "{prune}");
+    assert!(data_bytes(&env) < before, "the deferred packs are gone now");
+    assert!(
+        env.repo_files("trash").is_empty(),
+        "no condemnation is left over"
+    );
+    let out = env.cmd().args(["check", "--read-data"]).output().unwrap();
+    assert_success(&out, "check after the deferred prune");
+}
