@@ -78,13 +78,17 @@ impl Repository {
         // The config is written last: it is what makes the directory a repository.
         let bytes = serde_json::to_vec_pretty(&config).expect("a config serializes");
         storage.write("config", &bytes)?;
-        Ok(Repository {
+        Ok(Self::assemble(storage, config, key))
+    }
+
+    fn assemble(storage: Arc<dyn Storage>, config: Config, key: MasterKey) -> Self {
+        Repository {
             storage,
             config,
             key: Arc::new(key),
             index: Index::default(),
             index_problems: Vec::new(),
-        })
+        }
     }
 
     /// Opens a repository with `password` and loads its index.
@@ -99,13 +103,7 @@ impl Repository {
     pub fn open_without_index(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
         let config = read_config(storage.as_ref())?;
         let key = open_key(storage.as_ref(), password)?;
-        Ok(Repository {
-            storage,
-            config,
-            key: Arc::new(key),
-            index: Index::default(),
-            index_problems: Vec::new(),
-        })
+        Ok(Self::assemble(storage, config, key))
     }
 
     /// (Re)reads the trash and every index file.

@@ -115,6 +115,24 @@ fn build_source(src: &Path, generation: u64) {
     set_mtime(&odd, 1_500_000_000, 5);
 }
 
+/// `cairn -r REPO --password-file PW ARGS...`, as someone who kept only the password.
+fn run_with_password_file(
+    env: &TestEnv,
+    repo: &Path,
+    pw: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    env.bare_cmd()
+        .env_remove("CAIRN_PASSWORD")
+        .arg("-r")
+        .arg(repo)
+        .arg("--password-file")
+        .arg(pw)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 #[ignore = "writes testdata/repos/vN: run with --ignored when adding a format version"]
 fn write_current_format_fixture() {
@@ -130,16 +148,7 @@ fn write_current_format_fixture() {
     fs::write(&pw, FIXTURE_PASSWORD).unwrap();
     let repo = dest.join("repo");
     let cmd = |args: &[&str]| {
-        let out = env
-            .bare_cmd()
-            .env_remove("CAIRN_PASSWORD")
-            .arg("-r")
-            .arg(&repo)
-            .arg("--password-file")
-            .arg(&pw)
-            .args(args)
-            .output()
-            .unwrap();
+        let out = run_with_password_file(&env, &repo, &pw, args);
         assert_success(&out, &format!("cairn {args:?}"));
         out
     };
@@ -205,17 +214,7 @@ fn every_fixture_restores_exactly() {
         copy_tree(&dir.join("repo"), &repo);
         let pw = env.path("password");
         fs::write(&pw, manifest["password"].as_str().unwrap()).unwrap();
-        let run = |args: &[&str]| {
-            env.bare_cmd()
-                .env_remove("CAIRN_PASSWORD")
-                .arg("-r")
-                .arg(&repo)
-                .arg("--password-file")
-                .arg(&pw)
-                .args(args)
-                .output()
-                .unwrap()
-        };
+        let run = |args: &[&str]| run_with_password_file(&env, &repo, &pw, args);
         let out = run(&["check", "--read-data"]);
         assert_success(&out, &format!("check --read-data of {}", dir.display()));
         for snap in manifest["snapshots"].as_array().unwrap() {
