@@ -5,6 +5,7 @@ mod args;
 mod commands;
 mod context;
 mod output;
+mod signals;
 
 use std::process::ExitCode;
 
@@ -13,11 +14,18 @@ use clap::Parser;
 /// Exit code when a backup finished but some source files could not be read.
 pub const EXIT_PARTIAL: u8 = 3;
 
+/// Exit code after Ctrl-C, as shells report a death by SIGINT.
+const EXIT_INTERRUPTED: u8 = 130;
+
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
     match commands::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
+        Err(err) if signals::interrupted() => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(EXIT_INTERRUPTED)
+        }
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE

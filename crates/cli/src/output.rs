@@ -76,6 +76,10 @@ impl Monitor for StderrMonitor {
         eprintln!("error: {}: {error}", path.display());
     }
 
+    fn cancelled(&self) -> bool {
+        crate::signals::interrupted()
+    }
+
     fn progress(&self, what: &str, done: u64, total: u64) {
         if !self.show_progress {
             return;

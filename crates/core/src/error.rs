@@ -85,6 +85,9 @@ pub enum Error {
 
     #[error("{0}")]
     InvalidInput(String),
+
+    #[error("Interrupted; nothing was committed")]
+    Interrupted,
 }
 
 /// An error and all its sources on one line, `outer: inner: innermost`, for messages

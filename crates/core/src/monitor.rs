@@ -15,6 +15,12 @@ pub trait Monitor: Sync {
         let _ = (path, bytes);
     }
 
+    /// Whether the user asked to stop (Ctrl-C): long operations check this often and
+    /// return `Error::Interrupted`, cleaning up on the way out.
+    fn cancelled(&self) -> bool {
+        false
+    }
+
     /// `done` of `total` units of the phase named `what` are finished.
     fn progress(&self, what: &str, done: u64, total: u64) {
         let _ = (what, done, total);

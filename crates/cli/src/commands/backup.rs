@@ -14,6 +14,8 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
         excludes.extend(Excludes::read_file(file)?);
     }
     let mut repo = context::open_or_create_default(g)?;
+    // From here on, Ctrl-C stops cleanly instead of leaving files behind.
+    crate::signals::install();
     let parent = match &a.parent {
         Some(spec) => Some(repo.find_snapshot(spec)?.0),
         None => None,

@@ -161,3 +161,51 @@ fn prune_defers_deletions_while_a_backup_is_running_and_does_them_after() {
     let out = env.cmd().args(["check", "--read-data"]).output().unwrap();
     assert_success(&out, "check after the deferred prune");
 }
+
+#[test]
+fn ctrl_c_stops_a_backup_cleanly_leaving_no_session_and_no_snapshot() {
+    let env = TestEnv::with_small_chunk_repo();
+    let src = env.path("src");
+    for i in 0..40 {
+        write_file(
+            &src.join(format!("f{i}")),
+            &random_bytes(1_000_000, 100 + i),
+        );
+    }
+    let child = std::process::Command::new(cairn_bin())
+        .env("CAIRN_PASSWORD", PASSWORD)
+        .env("HOME", env.path("home"))
+        .arg("-r")
+        .arg(&env.repo)
+        .arg("backup")
+        .arg(&src)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while env.repo_files("sessions").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the backup registered no session"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    if out.status.code() == Some(0) {
+        eprintln!("the backup finished before the signal arrived; nothing to check");
+        return;
+    }
+    assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
+    assert!(stderr(&out).contains("Interrupted"), "{}", stderr(&out));
+    assert!(
+        env.repo_files("sessions").is_empty(),
+        "the session file was removed"
+    );
+    assert!(env.snapshots().is_empty(), "no snapshot was written");
+    let out = env.cmd().args(["check", "--read-data"]).output().unwrap();
+    assert_success(&out, "check after an interrupted backup");
+}

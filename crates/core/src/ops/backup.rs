@@ -513,6 +513,9 @@ impl<'r, 'o> Archiver<'r, 'o> {
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut nodes = Vec::with_capacity(entries.len());
         for (name, path) in entries {
+            if self.monitor.cancelled() {
+                return Err(Error::Interrupted);
+            }
             let md = match std::fs::symlink_metadata(&path) {
                 Ok(md) => md,
                 Err(e) => {
@@ -597,6 +600,9 @@ impl<'r, 'o> Archiver<'r, 'o> {
         let mut chunker = Chunker::with_buffer(reader, self.params, self.seed, buffer);
         let mut content = Vec::new();
         loop {
+            if self.monitor.cancelled() {
+                return Err(Error::Interrupted);
+            }
             let chunk = match chunker.next_chunk() {
                 Ok(Some(chunk)) => chunk,
                 Ok(None) => break,

@@ -156,6 +156,9 @@ impl Restorer<'_> {
 
     /// Restores one node; problems with it are reported and skipped.
     fn restore_node(&mut self, node: &Node, path: &Path) -> Result<()> {
+        if self.monitor.cancelled() {
+            return Err(Error::Interrupted);
+        }
         let done = match &node.kind {
             NodeKind::Dir { subtree } => {
                 if let Err(e) = self.make_dir(path) {
@@ -313,6 +316,9 @@ impl Restorer<'_> {
         let mut hasher = blake3::Hasher::new();
         let mut written = 0u64;
         for part in content {
+            if self.monitor.cancelled() {
+                return Err("interrupted".into());
+            }
             let blob = self
                 .repo
                 .read_blob(&part.blob)
