@@ -54,7 +54,8 @@ pub struct Repository {
 /// All readable snapshots, oldest first, and the ones that could not be read.
 pub struct SnapshotList {
     pub snapshots: Vec<(SnapshotId, Snapshot)>,
-    pub damaged: Vec<Error>,
+    /// Snapshot files that cannot be read, and why.
+    pub damaged: Vec<(SnapshotId, Error)>,
 }
 
 impl Repository {
@@ -108,21 +109,40 @@ impl Repository {
 
     /// (Re)reads the trash and every index file.
     pub fn load_index(&mut self) -> Result<()> {
+        let mut problems = Vec::new();
+        let mut trash = Vec::new();
+        for (_, t) in crate::trash::list(self)? {
+            match t {
+                Ok(t) => trash.push(t),
+                Err(e) => problems.push(e),
+            }
+        }
+        let mut files = Vec::new();
+        for (_, f) in self.index_files()? {
+            match f {
+                Ok(f) => files.push(f),
+                Err(e) => problems.push(e),
+            }
+        }
+        self.set_index(&trash, files.iter());
+        self.index_problems = problems;
+        Ok(())
+    }
+
+    /// Rebuilds the in-memory index from trash and index files already read.
+    pub fn set_index<'a>(
+        &mut self,
+        trash: &[crate::trash::TrashFile],
+        files: impl Iterator<Item = &'a IndexFile>,
+    ) {
         self.index = Index::default();
         self.index_problems.clear();
-        for (_, trash) in crate::trash::list(self)? {
-            match trash {
-                Ok(t) => self.index.condemn(t.packs.iter().map(|p| p.id)),
-                Err(e) => self.index_problems.push(e),
-            }
+        for t in trash {
+            self.index.condemn(t.packs.iter().map(|p| p.id));
         }
-        for name in self.storage.list("index")? {
-            match self.read_index_file(&name) {
-                Ok(file) => self.absorb(&file.packs),
-                Err(e) => self.index_problems.push(e),
-            }
+        for file in files {
+            self.absorb(&file.packs);
         }
-        Ok(())
     }
 
     fn read_index_file(&self, name: &str) -> Result<IndexFile> {
@@ -315,7 +335,7 @@ impl Repository {
         for id in self.snapshot_ids()? {
             match self.load_snapshot(&id) {
                 Ok(s) => list.snapshots.push((id, s)),
-                Err(e) => list.damaged.push(e),
+                Err(e) => list.damaged.push((id, e)),
             }
         }
         list.snapshots.sort_by_key(|(id, s)| (s.time, *id));
@@ -324,12 +344,25 @@ impl Repository {
 
     /// Resolves `latest`, a full id or a unique prefix of one.
     pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
+        if spec == "latest" {
+            return self
+                .snapshots()?
+                .snapshots
+                .pop()
+                .ok_or_else(|| Error::SnapshotNotFound {
+                    spec: spec.to_string(),
+                });
+        }
+        let id = self.resolve_snapshot_id(spec)?;
+        Ok((id, self.load_snapshot(&id)?))
+    }
+
+    /// Resolves a full id or a unique prefix without reading the snapshot, so that a
+    /// damaged one can still be named (to remove it).
+    pub fn resolve_snapshot_id(&self, spec: &str) -> Result<SnapshotId> {
         let not_found = || Error::SnapshotNotFound {
             spec: spec.to_string(),
         };
-        if spec == "latest" {
-            return self.snapshots()?.snapshots.pop().ok_or_else(not_found);
-        }
         let spec_lower = spec.to_ascii_lowercase();
         if spec.is_empty() || !spec_lower.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(not_found());
@@ -341,7 +374,7 @@ impl Repository {
             .collect();
         match matches.as_slice() {
             [] => Err(not_found()),
-            [id] => Ok((*id, self.load_snapshot(id)?)),
+            [id] => Ok(*id),
             many => Err(Error::SnapshotAmbiguous {
                 spec: spec.to_string(),
                 candidates: many.iter().map(|id| id.short()).collect(),

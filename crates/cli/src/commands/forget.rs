@@ -28,23 +28,27 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
     };
     let group_by: GroupBy = a.group_by.parse().map_err(anyhow::Error::msg)?;
     let repo = context::open(g)?;
+    let forget_json;
     if !a.snapshots.is_empty() {
         if !policy.is_empty() {
             anyhow::bail!("Give either snapshot ids or a --keep-* policy, not both");
         }
         let mut ids = Vec::new();
         for spec in &a.snapshots {
-            ids.push(repo.find_snapshot(spec)?.0);
+            // By id alone: a damaged snapshot must still be removable.
+            ids.push(match spec.as_str() {
+                "latest" => repo.find_snapshot(spec)?.0,
+                _ => repo.resolve_snapshot_id(spec)?,
+            });
         }
         if !a.dry_run {
             forget::remove(&repo, &ids)?;
         }
-        if g.json {
-            output::json(&serde_json::json!({
-                "removed": ids.iter().map(|i| i.to_hex()).collect::<Vec<_>>(),
-                "dry_run": a.dry_run,
-            }))?;
-        } else if !g.quiet {
+        forget_json = serde_json::json!({
+            "removed": ids.iter().map(|i| i.to_hex()).collect::<Vec<_>>(),
+            "dry_run": a.dry_run,
+        });
+        if !g.json && !g.quiet {
             let verb = if a.dry_run { "would remove" } else { "removed" };
             for id in &ids {
                 println!("{verb} snapshot {}", id.short());
@@ -52,9 +56,8 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
         }
     } else {
         let report = forget::forget(&repo, &policy, group_by, a.dry_run)?;
-        if g.json && !a.prune {
-            output::json(&report)?;
-        } else if !g.quiet {
+        forget_json = serde_json::to_value(&report)?;
+        if !g.json && !g.quiet {
             let mut out = std::io::stdout().lock();
             for group in &report.groups {
                 let mut key = Vec::new();
@@ -96,13 +99,31 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
             writeln!(out, "{verb} {} snapshot(s)", report.removed.len())?;
         }
     }
+    drop(repo);
     if a.prune && !a.dry_run {
-        return prune(g, a.max_unused, false);
+        let report = run_prune(g, a.max_unused, false)?;
+        if g.json {
+            output::json(&serde_json::json!({"forget": forget_json, "prune": report}))?;
+        } else if !g.quiet {
+            print_prune(&report);
+        }
+    } else if g.json {
+        output::json(&forget_json)?;
     }
     Ok(0)
 }
 
 pub fn prune(g: &GlobalArgs, max_unused: f64, dry_run: bool) -> Result<u8> {
+    let report = run_prune(g, max_unused, dry_run)?;
+    if g.json {
+        output::json(&report)?;
+    } else if !g.quiet {
+        print_prune(&report);
+    }
+    Ok(0)
+}
+
+fn run_prune(g: &GlobalArgs, max_unused: f64, dry_run: bool) -> Result<PruneReport> {
     if !(0.0..=100.0).contains(&max_unused) {
         anyhow::bail!("--max-unused must be a percentage between 0 and 100");
     }
@@ -111,13 +132,7 @@ pub fn prune(g: &GlobalArgs, max_unused: f64, dry_run: bool) -> Result<u8> {
         max_unused_percent: max_unused,
         dry_run,
     };
-    let report = prune::prune(&mut repo, &opts, &StderrMonitor::new(g))?;
-    if g.json {
-        output::json(&report)?;
-    } else if !g.quiet {
-        print_prune(&report);
-    }
-    Ok(0)
+    Ok(prune::prune(&mut repo, &opts, &StderrMonitor::new(g))?)
 }
 
 fn print_prune(r: &PruneReport) {

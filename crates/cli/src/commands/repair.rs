@@ -25,6 +25,15 @@ pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
                         r.blobs_damaged
                     );
                 }
+                for pack in &r.packs_header_damaged {
+                    println!("  header damaged, blobs taken from the old index: {pack}");
+                }
+                if r.packs_condemned > 0 {
+                    println!(
+                        "Copied the intact blobs of {} damaged packs to new ones; `cairn prune` deletes the damaged ones",
+                        r.packs_condemned
+                    );
+                }
                 for (pack, why) in &r.packs_unreadable {
                     println!("  unreadable, left out: {pack}: {why}");
                 }

@@ -8,7 +8,7 @@ use crate::{context, output};
 pub fn run(g: &GlobalArgs) -> Result<u8> {
     let repo = context::open(g)?;
     let list = repo.snapshots()?;
-    for e in &list.damaged {
+    for (_, e) in &list.damaged {
         eprintln!("warning: {}", cairn_core::error::chain(e));
     }
     if g.json {

@@ -729,3 +729,109 @@ pub fn files_below(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
     walk(dir, dir, &mut out);
     out
 }
+
+// ---------------------------------------------------------------------------------------
+// Helpers of the trust_* tests (crashes, full disks, damage, concurrency)
+// ---------------------------------------------------------------------------------------
+
+/// `cairn -r REPO` as a plain `std::process::Command` with the same isolated environment
+/// as `TestEnv::cmd`, for commands a test spawns, runs side by side, or kills.
+pub fn spawnable(env: &TestEnv) -> std::process::Command {
+    let mut cmd = detached(cairn_bin());
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", env.root.join("home"))
+        .env("XDG_DATA_HOME", env.root.join("data"))
+        .env("XDG_CONFIG_HOME", env.root.join("config"))
+        .env("XDG_CACHE_HOME", env.root.join("home/.cache"))
+        .env("LC_ALL", "C.UTF-8")
+        .env("CAIRN_PASSWORD", PASSWORD)
+        .current_dir(&env.root)
+        .arg("-r")
+        .arg(&env.repo);
+    cmd
+}
+
+/// `cairn check --json EXTRA...`: its exit code and report. Exit codes other than 0
+/// (no problems) and 1 (problems) fail the test.
+pub fn check_report(env: &TestEnv, extra: &[&str]) -> (i32, Value) {
+    let out = env
+        .cmd()
+        .args(["check", "--json"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let code = out.status.code().unwrap_or(-1);
+    assert!(
+        code == 0 || code == 1,
+        "cairn check {extra:?} exits 0 or 1\n{}",
+        describe(&out)
+    );
+    (code, parse_json(&out.stdout, "cairn check --json"))
+}
+
+/// `cairn check --json EXTRA...` must exit 0 with no problems; returns the report.
+pub fn assert_check_clean(env: &TestEnv, extra: &[&str], what: &str) -> Value {
+    let (code, report) = check_report(env, extra);
+    assert!(
+        code == 0 && report["problems"].as_array().is_some_and(|p| p.is_empty()),
+        "{what}: cairn check {extra:?} finds no problems (exit {code}):\n{report:#}"
+    );
+    report
+}
+
+/// Restores `snapshot` into a fresh directory and compares the restored `source` (the
+/// absolute path that was backed up) with `expected` (a copy taken at backup time).
+/// Removes the restored tree afterwards.
+pub fn assert_snapshot_restores(
+    env: &TestEnv,
+    snapshot: &str,
+    source: &Path,
+    expected: &Path,
+    what: Compare,
+) {
+    let target = env.path(&format!(
+        "verify-{snapshot}-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    env.restore(snapshot, &target, &[]);
+    if let Err(diff) = compare_trees(expected, &restored_path(&target, source), what) {
+        panic!(
+            "snapshot {snapshot} does not restore what was backed up: {diff}\n  expected: {}\n  restored: {}",
+            expected.display(),
+            target.display()
+        );
+    }
+    fs::remove_dir_all(&target).unwrap();
+}
+
+/// Snapshot ids (64 hex) currently in the repository, sorted.
+pub fn snapshot_ids(env: &TestEnv) -> Vec<String> {
+    let mut ids: Vec<String> = env
+        .snapshots()
+        .iter()
+        .map(|s| {
+            s["id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("snapshot has a string id: {s}"))
+                .to_string()
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Files in a repository directory that are not temporary (`.tmp-*`).
+pub fn repo_final_files(env: &TestEnv, sub: &str) -> Vec<PathBuf> {
+    env.repo_files(sub)
+        .into_iter()
+        .filter(|p| {
+            !p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(".tmp"))
+        })
+        .collect()
+}

@@ -15,3 +15,7 @@ mod maintenance;
 mod options;
 mod props;
 mod restore;
+mod trust_concurrency;
+mod trust_crash;
+mod trust_damage;
+mod trust_full_disk;

@@ -193,8 +193,10 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         report.bytes_read += r.bytes;
         report.blobs_verified += r.blobs_verified;
         if let Some(problem) = r.problem {
+            // --read-data keeps every blob that verifies, even from a pack whose header
+            // is gone, and copies them out of the damaged pack.
             let repair = if r.bad_blobs.is_empty() {
-                REPAIR_INDEX.to_string()
+                format!("{REPAIR_INDEX} --read-data")
             } else {
                 format!("{REPAIR_INDEX} --read-data, then {REPAIR_SNAPSHOTS}")
             };
@@ -204,11 +206,11 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
     }
 
     let list = repo.snapshots()?;
-    for e in &list.damaged {
+    for (id, e) in &list.damaged {
         report.problem(
-            "snapshot".into(),
+            id.storage_name(),
             chain(e),
-            "cairn forget ID (the snapshot cannot be read)",
+            "cairn repair snapshots --forget (removes it: it cannot be read)",
         );
     }
     report.snapshots = list.snapshots.len() as u64;

@@ -71,7 +71,8 @@ pub struct PruneReport {
     pub blocking_sessions: Vec<String>,
     /// Condemned packs that a snapshot turned out to need; they are kept.
     pub packs_rescued: u64,
-    /// Packs in no index file, left alone: they may belong to a backup still running.
+    /// Packs in no index file, left alone because a backup was running (they may be
+    /// its own). When none runs, such packs are deleted: a failed backup left them.
     pub packs_unindexed: u64,
     pub index_files_replaced: u64,
     pub duration_ms: u64,
@@ -88,16 +89,10 @@ pub fn prune(
         ..PruneReport::default()
     };
 
-    // 1. What the snapshots need.
+    // 1. What the snapshots need. Snapshots are listed before the index is read: a
+    // backup writes its index before its snapshot, so every listed snapshot's blobs are
+    // in the index files read after.
     let snapshot_ids: HashSet<SnapshotId> = repo.snapshot_ids()?.into_iter().collect();
-    let mut used = Used::default();
-    for (i, id) in snapshot_ids.iter().enumerate() {
-        monitor.progress("snapshots", i as u64, snapshot_ids.len() as u64);
-        used.add_snapshot(repo, id)?;
-    }
-    report.snapshots = snapshot_ids.len() as u64;
-
-    // The index as stored, file by file, and what is condemned already.
     let mut index_files = Vec::new();
     for (id, file) in repo.index_files()? {
         let file = file.map_err(|e| {
@@ -114,6 +109,15 @@ pub fn prune(
             file.map_err(|e| refuse(&e, "a trash file is damaged; remove it and run prune again"))?;
         trash_files.push((name, file));
     }
+    let trash_read: Vec<TrashFile> = trash_files.iter().map(|(_, t)| t.clone()).collect();
+    repo.set_index(&trash_read, index_files.iter().map(|(_, f)| f));
+    let mut used = Used::default();
+    for (i, id) in snapshot_ids.iter().enumerate() {
+        monitor.progress("snapshots", i as u64, snapshot_ids.len() as u64);
+        used.add_snapshot(repo, id)?;
+    }
+    report.snapshots = snapshot_ids.len() as u64;
+
     let mut packs: HashMap<PackId, Vec<PackEntry>> = HashMap::new();
     for (_, file) in &index_files {
         for p in &file.packs {
@@ -204,11 +208,50 @@ pub fn prune(
     // 3. Which condemned packs may go now. Sessions first, then snapshots again: a backup
     // that ended after step 1 has removed its session only after writing its snapshot.
     let sessions = session::list(repo)?;
-    for id in repo.snapshot_ids()? {
-        if !snapshot_ids.contains(&id) {
-            used.add_snapshot(repo, &id)?;
+    let new_snapshots: Vec<SnapshotId> = repo
+        .snapshot_ids()?
+        .into_iter()
+        .filter(|id| !snapshot_ids.contains(id))
+        .collect();
+    // Index files written since step 1, by backups that may have finished meanwhile.
+    let known: HashSet<_> = index_files.iter().map(|(id, _)| *id).collect();
+    let mut newly_indexed = HashSet::new();
+    for (id, file) in repo.index_files()? {
+        if known.contains(&id) {
+            continue;
         }
+        let file = file.map_err(|e| {
+            refuse(
+                &e,
+                "an index file is damaged; run `cairn repair index` first",
+            )
+        })?;
+        newly_indexed.extend(file.packs.iter().map(|p| p.id));
+        repo.absorb(&file.packs);
     }
+    for id in &new_snapshots {
+        used.add_snapshot(repo, id)?;
+    }
+    let active: Vec<&(String, Option<session::SessionInfo>)> = sessions
+        .iter()
+        .filter(|(_, info)| match info {
+            Some(s) => now.duration_since(s.started) < STALE_AFTER,
+            None => true,
+        })
+        .collect();
+    // Packs in no index while no backup runs: left by a backup that failed or was
+    // killed. Nothing can build on them (backups dedup only against indexed blobs).
+    let orphans: Vec<PackId> = if active.is_empty() {
+        stored
+            .iter()
+            .filter(|p| {
+                !packs.contains_key(p) && !condemned.contains_key(p) && !newly_indexed.contains(p)
+            })
+            .copied()
+            .collect()
+    } else {
+        Vec::new()
+    };
     let mut rescued = HashSet::new();
     let mut deferred = HashSet::new();
     let mut deletable = Vec::new();
@@ -275,6 +318,15 @@ pub fn prune(
             report.packs_deleted += 1;
         }
     }
+    for pack in &orphans {
+        let name = pack.storage_name();
+        if let Ok(size) = repo.storage().size(&name) {
+            report.bytes_freed += size;
+        }
+        delete_quietly(repo, &name)?;
+        report.packs_deleted += 1;
+    }
+    report.packs_unindexed = report.packs_unindexed.saturating_sub(orphans.len() as u64);
     let remaining: Vec<Condemned> = condemned
         .iter()
         .filter(|(p, _)| deferred.contains(p))

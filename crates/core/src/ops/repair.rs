@@ -16,6 +16,7 @@ use crate::id::{BlobId, PackId, SnapshotId};
 use crate::index::IndexedPack;
 use crate::monitor::Monitor;
 use crate::pack::BlobKind;
+use crate::pack::PackEntry;
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{NodeKind, Tree};
@@ -33,6 +34,9 @@ pub struct IndexRepairReport {
     pub blobs_damaged: u64,
     /// Packs with damaged blobs whose good blobs were copied out; `prune` deletes them.
     pub packs_condemned: u64,
+    /// Packs whose header is damaged: their blobs were taken from the old index (and,
+    /// with `read_data`, verified and copied to new packs).
+    pub packs_header_damaged: Vec<String>,
 }
 
 /// Rebuilds the index from the pack headers; with `read_data`, every blob is verified
@@ -46,27 +50,38 @@ pub fn repair_index(
     let old: Vec<String> = repo.storage().list("index")?;
     let packs = repo.list_packs()?;
     let mut indexed = Vec::with_capacity(packs.len());
+    // Where the old index put blobs: the fallback for a pack whose header is damaged.
+    let known = repo.index().by_pack();
     // Packs with damaged blobs: their good blobs move to new packs, then they are condemned.
     let mut damaged = Vec::new();
     for (i, pack) in packs.iter().enumerate() {
-        monitor.progress("reading pack headers", i as u64, packs.len() as u64);
-        let header = match read_data {
-            false => repo.read_pack_header(pack),
-            true => {
-                let before = report.blobs_damaged;
-                let r = read_verified(repo, pack, &mut report.blobs_damaged);
-                if let Ok(good) = &r {
-                    if report.blobs_damaged > before {
-                        damaged.push((*pack, good.clone()));
-                    }
+        monitor.progress("reading packs", i as u64, packs.len() as u64);
+        let fallback = known.get(pack).map(|blobs| {
+            blobs
+                .iter()
+                .map(|(id, l)| PackEntry {
+                    id: *id,
+                    kind: l.kind,
+                    offset: l.offset,
+                    length: l.length,
+                    raw_length: l.raw_length,
+                })
+                .collect()
+        });
+        match inspect_pack(repo, pack, read_data, fallback) {
+            Ok(found) => {
+                report.blobs_indexed += found.entries.len() as u64;
+                report.blobs_damaged += found.damaged_blobs;
+                if !found.header_ok {
+                    report.packs_header_damaged.push(pack.storage_name());
                 }
-                r
-            }
-        };
-        match header {
-            Ok(entries) => {
-                report.blobs_indexed += entries.len() as u64;
-                indexed.push(IndexedPack { id: *pack, entries });
+                if read_data && (found.damaged_blobs > 0 || !found.header_ok) {
+                    damaged.push((*pack, found.entries.clone()));
+                }
+                indexed.push(IndexedPack {
+                    id: *pack,
+                    entries: found.entries,
+                });
             }
             Err(e) => report
                 .packs_unreadable
@@ -102,25 +117,52 @@ pub fn repair_index(
     Ok(report)
 }
 
-/// A pack's header entries whose blobs verify.
-fn read_verified(
+/// What the repair learned about one pack.
+struct PackFindings {
+    entries: Vec<PackEntry>,
+    damaged_blobs: u64,
+    header_ok: bool,
+}
+
+/// The blobs of a pack: from its header, or from the old index when the header is
+/// damaged; with `read_data`, only those that verify.
+fn inspect_pack(
     repo: &Repository,
     pack: &PackId,
-    damaged: &mut u64,
-) -> Result<Vec<crate::pack::PackEntry>> {
+    read_data: bool,
+    fallback: Option<Vec<PackEntry>>,
+) -> Result<PackFindings> {
+    let found = |entries, header_ok| PackFindings {
+        entries,
+        damaged_blobs: 0,
+        header_ok,
+    };
+    if !read_data {
+        return match (repo.read_pack_header(pack), fallback) {
+            (Ok(entries), _) => Ok(found(entries, true)),
+            (Err(_), Some(entries)) => Ok(found(entries, false)),
+            (Err(e), None) => Err(e),
+        };
+    }
     let name = pack.storage_name();
     let bytes = repo.storage().read(&name)?;
-    let entries =
-        crate::pack::read_header(repo.key(), &bytes).map_err(|r| repo.corrupt(&name, r))?;
+    let (entries, header_ok) = match (crate::pack::read_header(repo.key(), &bytes), fallback) {
+        (Ok(entries), _) => (entries, true),
+        (Err(_), Some(entries)) => (entries, false),
+        (Err(reason), None) => return Err(repo.corrupt(&name, reason)),
+    };
     let before = entries.len();
-    let good: Vec<_> = entries
+    let good: Vec<PackEntry> = entries
         .into_iter()
         .filter(|e| {
             crate::pack::verify_blob(repo.key(), &bytes, &e.id, e.offset, e.length, e.raw_length)
         })
         .collect();
-    *damaged += (before - good.len()) as u64;
-    Ok(good)
+    Ok(PackFindings {
+        damaged_blobs: (before - good.len()) as u64,
+        entries: good,
+        header_ok,
+    })
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -182,6 +224,8 @@ pub fn repair_snapshots(
         repo.write_index(w.packs[w.packs_indexed..].to_vec())?;
         repo.absorb(&w.packs);
     }
+    // Snapshot files that cannot be read at all are lost the same way.
+    lost.extend(list.damaged.iter().map(|(id, _)| *id));
     report.snapshots_lost = lost.iter().map(|id| id.to_hex()).collect();
     if forget && !dry_run {
         crate::ops::forget::remove(repo, &lost)?;
