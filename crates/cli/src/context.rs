@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use cairn_core::repo::{InitOptions, Repository};
-use cairn_core::storage::LocalStorage;
+use cairn_core::storage::Storage;
 
 use crate::args::GlobalArgs;
 
@@ -83,8 +83,12 @@ fn prompt(confirm: bool) -> Result<String> {
     Ok(pw)
 }
 
-fn storage_at(path: &Path) -> Arc<LocalStorage> {
-    Arc::new(LocalStorage::new(path))
+/// The store at the repository's address: a local path, `s3:...` or `sftp:...`.
+fn storage_at(path: &Path) -> Result<Arc<dyn Storage>> {
+    let address = path
+        .to_str()
+        .context("The repository address is not valid UTF-8")?;
+    Ok(cairn_core::storage::open(address)?)
 }
 
 /// Opens the repository named by the global options and reads its index.
@@ -115,7 +119,7 @@ pub fn open_without_index(global: &GlobalArgs) -> Result<Repository> {
         (None, None) => prompt(false)?,
     };
     Ok(Repository::open_without_index(
-        storage_at(&loc.path),
+        storage_at(&loc.path)?,
         password.as_bytes(),
     )?)
 }
@@ -143,7 +147,7 @@ pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
     if password.is_empty() {
         bail!("An empty password is not allowed");
     }
-    let repo = Repository::init(storage_at(&loc.path), password.as_bytes(), opts)?;
+    let repo = Repository::init(storage_at(&loc.path)?, password.as_bytes(), opts)?;
     if let Some(key) = &loc.default_key {
         if given_password(global)?.is_none() {
             eprintln!(

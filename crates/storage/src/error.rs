@@ -45,6 +45,18 @@ pub enum StorageError {
     )]
     InvalidName { name: String, location: String },
 
+    /// A remote store (S3, SFTP) refused or failed a request after its retries; `hint`
+    /// says what to check.
+    #[error("Cannot {op} {name} in {location}: {hint}")]
+    Remote {
+        op: &'static str,
+        name: String,
+        location: String,
+        hint: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
     /// Any other I/O failure; `op` says what was being done, e.g. "read" or "sync".
     #[error("Cannot {op} {name} in {location}")]
     Io {

@@ -1,4 +1,4 @@
-//! Named, write-once files on some backend: a local directory now, SFTP and S3 later.
+//! Named, write-once files on some backend: a local directory, SFTP, or S3.
 //!
 //! This crate knows nothing of what the bytes mean: no ids, no encryption, no packs.
 //! It promises what a deduplicating repository needs from any backend: relative names,
@@ -8,11 +8,15 @@
 
 mod error;
 mod local;
+mod location;
 mod name;
+mod remote;
 pub mod testsuite;
 
 pub use error::{Result, StorageError};
 pub use local::LocalStorage;
+pub use location::{open, Location};
+pub use remote::{RemoteStorage, RequestCounts, S3Config, SftpConfig};
 
 /// A store of named, write-once files.
 ///
@@ -49,4 +53,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
 
     /// Removes the file, or [`StorageError::NotFound`] if it is missing.
     fn delete(&self, name: &str) -> Result<()>;
+
+    /// Whether [`write`](Self::write)'s create-only check is atomic. Where it is not
+    /// (SFTP has no create-if-absent rename), two writes racing for one name may both
+    /// succeed and the last one stays, whole. cairn names every file but `config` by
+    /// the hash of its bytes, so racing writers write the same bytes.
+    fn create_is_exclusive(&self) -> bool {
+        true
+    }
 }

@@ -14,6 +14,7 @@ mod inspect;
 mod maintenance;
 mod options;
 mod props;
+mod remote;
 mod restore;
 mod trust_concurrency;
 mod trust_crash;

@@ -1,0 +1,157 @@
+//! The whole cycle against real remote stores: a Garage S3 node and an OpenSSH server on
+//! loopback, started by `scripts/test`. Without them these tests say so and pass, unless
+//! `CAIRN_TEST_SERVICES=required` (as `scripts/test` sets).
+
+use std::path::Path;
+
+use assert_cmd::Command;
+
+use crate::common::*;
+
+fn address(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(format!("{v}/cycle-{:016x}", rand_u64())),
+        _ => {
+            assert!(
+                std::env::var("CAIRN_TEST_SERVICES").as_deref() != Ok("required"),
+                "{var} is not set, but the test servers are required: run the tests with scripts/test"
+            );
+            eprintln!("{var} is not set: skipped (run scripts/test to start the servers)");
+            None
+        }
+    }
+}
+
+fn rand_u64() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    t ^ (std::process::id() as u64) << 32
+}
+
+/// `cairn -r ADDRESS ...` with what the remote needs from the environment.
+fn remote_cmd(env: &TestEnv, address: &str) -> Command {
+    let mut cmd = env.bare_cmd();
+    for var in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_DEFAULT_REGION",
+    ] {
+        if let Ok(v) = std::env::var(var) {
+            cmd.env(var, v);
+        }
+    }
+    if address.starts_with("sftp:") {
+        // `ssh` on PATH reads the test server's client config, as a user's ~/.ssh/config.
+        if let Ok(bin) = std::env::var("CAIRN_TEST_SSH_BIN") {
+            let path = std::env::var("PATH").unwrap_or_default();
+            cmd.env("PATH", format!("{bin}:{path}"));
+        }
+    }
+    cmd.arg("-r").arg(address);
+    cmd
+}
+
+fn run(env: &TestEnv, address: &str, args: &[&str]) -> std::process::Output {
+    let out = remote_cmd(env, address).args(args).output().unwrap();
+    assert_success(&out, &format!("cairn -r {address} {args:?}"));
+    out
+}
+
+fn cycle(address: &str) {
+    let env = TestEnv::new();
+    let src = build_rich_tree(&env.path("src"));
+    run(
+        &env,
+        address,
+        &[
+            "init",
+            "--pack-size",
+            "1M",
+            "--chunk-min",
+            "16K",
+            "--chunk-avg",
+            "64K",
+            "--chunk-max",
+            "256K",
+        ],
+    );
+    write_file(&src.join("big.bin"), &random_bytes(3_000_000, 7));
+    run(&env, address, &["backup", src.to_str().unwrap()]);
+    std::fs::remove_file(src.join("big.bin")).unwrap();
+    write_file(&src.join("new.bin"), &random_bytes(500_000, 8));
+    let kept = env.path("kept");
+    copy_tree(&src, &kept);
+    let out = run(&env, address, &["backup", "--json", src.to_str().unwrap()]);
+    let summary = parse_json(&out.stdout, "backup --json");
+    assert!(
+        json_u64(&summary, "files_unchanged") > 0,
+        "the second backup used its parent: {summary}"
+    );
+
+    let check = |what: &str| {
+        let out = remote_cmd(&env, address)
+            .args(["check", "--read-data"])
+            .output()
+            .unwrap();
+        assert_success(&out, &format!("check --read-data {what}"));
+    };
+    check("after two backups");
+    let restore_and_compare = |target: &Path| {
+        run(
+            &env,
+            address,
+            &["restore", "latest", "--target", target.to_str().unwrap()],
+        );
+        assert_trees_equal(&kept, &restored_path(target, &src), Compare::ALL);
+    };
+    restore_and_compare(&env.path("restore-1"));
+
+    let out = run(
+        &env,
+        address,
+        &["forget", "--keep-last", "1", "--prune", "--json"],
+    );
+    let report = parse_json(&out.stdout, "forget --prune --json");
+    assert!(
+        json_u64(&report["prune"], "packs_deleted") > 0,
+        "prune freed the forgotten data: {report}"
+    );
+    check("after forget --prune");
+    restore_and_compare(&env.path("restore-2"));
+}
+
+#[test]
+fn the_whole_cycle_works_on_garage_s3() {
+    if let Some(address) = address("CAIRN_TEST_S3") {
+        cycle(&address);
+    }
+}
+
+#[test]
+fn the_whole_cycle_works_over_sftp() {
+    if let Some(address) = address("CAIRN_TEST_SFTP") {
+        cycle(&address);
+    }
+}
+
+#[test]
+fn wrong_s3_credentials_are_a_clear_error() {
+    let Some(address) = address("CAIRN_TEST_S3") else {
+        return;
+    };
+    let env = TestEnv::new();
+    let out = remote_cmd(&env, &address)
+        .env("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+        .arg("init")
+        .output()
+        .unwrap();
+    assert_exit(&out, 1, "init with a wrong secret key");
+    let err = stderr(&out);
+    assert!(
+        err.contains(&address) && err.contains("credentials"),
+        "{err}"
+    );
+}

@@ -1,0 +1,178 @@
+//! Repository addresses, in restic's forms:
+//!
+//! - `/srv/repo` or `repo`: a local directory
+//! - `s3:https://host[:port]/bucket[/prefix]`, `s3:http://...` (path-style addressing, as
+//!   S3-compatible servers such as Garage and MinIO expect); credentials from
+//!   `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` or `AWS_PROFILE`, region from
+//!   `AWS_DEFAULT_REGION` or `AWS_REGION`
+//! - `sftp://[user@]host[:port]/path` (relative to the login directory; `//path` is
+//!   absolute) or `sftp:[user@]host:path`, reached with the user's `ssh` setup
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::error::{Result, StorageError};
+use crate::remote::{RemoteStorage, S3Config, SftpConfig};
+use crate::{LocalStorage, Storage};
+
+#[derive(Debug, Clone)]
+pub enum Location {
+    Local(PathBuf),
+    S3(S3Config),
+    Sftp(SftpConfig),
+}
+
+impl Location {
+    /// Parses an address; the error says which form was expected.
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        if let Some(rest) = s.strip_prefix("s3:") {
+            return parse_s3(rest).ok_or_else(|| {
+                format!("{s:?} is not an S3 address: use s3:https://HOST[:PORT]/BUCKET[/PREFIX]")
+            });
+        }
+        if let Some(rest) = s.strip_prefix("sftp://") {
+            return parse_sftp_url(rest).ok_or_else(|| {
+                format!("{s:?} is not an SFTP address: use sftp://[USER@]HOST[:PORT]/PATH")
+            });
+        }
+        if let Some(rest) = s.strip_prefix("sftp:") {
+            return parse_sftp_short(rest)
+                .ok_or_else(|| format!("{s:?} is not an SFTP address: use sftp:[USER@]HOST:PATH"));
+        }
+        if s.is_empty() {
+            return Err("The repository address is empty".into());
+        }
+        Ok(Location::Local(PathBuf::from(s)))
+    }
+}
+
+fn parse_s3(rest: &str) -> Option<Location> {
+    let (scheme, after) = match rest.split_once("://") {
+        Some((scheme @ ("http" | "https"), after)) => (scheme, after),
+        Some(_) => return None,
+        None => ("https", rest),
+    };
+    let (host, path) = after.split_once('/')?;
+    let path = path.trim_matches('/');
+    let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+    if host.is_empty() || bucket.is_empty() {
+        return None;
+    }
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    Some(Location::S3(S3Config {
+        endpoint: format!("{scheme}://{host}"),
+        bucket: bucket.to_string(),
+        prefix: prefix.trim_matches('/').to_string(),
+        region: env("AWS_DEFAULT_REGION").or_else(|| env("AWS_REGION")),
+        access_key_id: env("AWS_ACCESS_KEY_ID"),
+        secret_access_key: env("AWS_SECRET_ACCESS_KEY"),
+        profile: env("AWS_PROFILE"),
+    }))
+}
+
+fn split_user(s: &str) -> (Option<String>, &str) {
+    match s.rsplit_once('@') {
+        Some((user, host)) => (Some(user.to_string()), host),
+        None => (None, s),
+    }
+}
+
+fn parse_sftp_url(rest: &str) -> Option<Location> {
+    let (authority, path) = rest.split_once('/')?;
+    let (user, hostport) = split_user(authority);
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || hostport.starts_with('[') => {
+            (h, Some(p.parse().ok()?))
+        }
+        _ => (hostport, None),
+    };
+    if host.is_empty() || path.is_empty() {
+        return None;
+    }
+    Some(Location::Sftp(SftpConfig {
+        host: host.to_string(),
+        user,
+        port,
+        path: path.to_string(),
+    }))
+}
+
+fn parse_sftp_short(rest: &str) -> Option<Location> {
+    let (authority, path) = rest.split_once(':')?;
+    let (user, host) = split_user(authority);
+    if host.is_empty() || path.is_empty() {
+        return None;
+    }
+    Some(Location::Sftp(SftpConfig {
+        host: host.to_string(),
+        user,
+        port: None,
+        path: path.to_string(),
+    }))
+}
+
+/// Opens the store at `address`.
+pub fn open(address: &str) -> Result<Arc<dyn Storage>> {
+    let location = Location::parse(address).map_err(|hint| StorageError::InvalidName {
+        name: hint,
+        location: address.to_string(),
+    })?;
+    Ok(match location {
+        Location::Local(path) => Arc::new(LocalStorage::new(path)),
+        Location::S3(config) => Arc::new(RemoteStorage::s3(&config, address.to_string())?),
+        Location::Sftp(config) => Arc::new(RemoteStorage::sftp(&config, address.to_string())?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s3_addresses_parse_like_restics() {
+        let Ok(Location::S3(c)) = Location::parse("s3:http://127.0.0.1:3900/bucket/some/prefix/")
+        else {
+            panic!()
+        };
+        assert_eq!(c.endpoint, "http://127.0.0.1:3900");
+        assert_eq!(c.bucket, "bucket");
+        assert_eq!(c.prefix, "some/prefix");
+        let Ok(Location::S3(c)) = Location::parse("s3:s3.amazonaws.com/b") else {
+            panic!()
+        };
+        assert_eq!(
+            (c.endpoint.as_str(), c.bucket.as_str(), c.prefix.as_str()),
+            ("https://s3.amazonaws.com", "b", "")
+        );
+        assert!(Location::parse("s3:http://host").is_err());
+        assert!(Location::parse("s3:ftp://host/b").is_err());
+    }
+
+    #[test]
+    fn sftp_addresses_parse_in_both_forms() {
+        let Ok(Location::Sftp(c)) = Location::parse("sftp://backup@nas:2222//srv/cairn") else {
+            panic!()
+        };
+        assert_eq!(
+            (c.user.as_deref(), c.host.as_str(), c.port, c.path.as_str()),
+            (Some("backup"), "nas", Some(2222), "/srv/cairn")
+        );
+        let Ok(Location::Sftp(c)) = Location::parse("sftp://nas/cairn") else {
+            panic!()
+        };
+        assert_eq!((c.user, c.port, c.path.as_str()), (None, None, "cairn"));
+        let Ok(Location::Sftp(c)) = Location::parse("sftp:me@nas:/srv/repo") else {
+            panic!()
+        };
+        assert_eq!(
+            (c.user.as_deref(), c.host.as_str(), c.path.as_str()),
+            (Some("me"), "nas", "/srv/repo")
+        );
+        assert!(Location::parse("sftp://nas:notaport/x").is_err());
+        assert!(Location::parse("sftp:nas").is_err());
+        assert!(matches!(
+            Location::parse("/srv/repo"),
+            Ok(Location::Local(_))
+        ));
+    }
+}
