@@ -97,9 +97,11 @@ Host cairn-test-sftp
   User $(id -un)
   IdentityFile $dir/home/.ssh/id_ed25519
   UserKnownHostsFile $dir/home/.ssh/known_hosts
-  StrictHostKeyChecking accept-new
+  StrictHostKeyChecking yes
 CONF
   chmod 600 "$dir/home/.ssh/config"
+  # cairn's SFTP client checks host keys strictly, as a careful user's ssh does.
+  echo "[127.0.0.1]:$SSH_PORT $(cut -d' ' -f1,2 "$dir/hostkey.pub")" >"$dir/home/.ssh/known_hosts"
   mkdir -p "$dir/bin"
   printf '#!/bin/sh\nexec %s -F %s "$@"\n' "$(command -v ssh)" "$dir/home/.ssh/config" >"$dir/bin/ssh"
   chmod +x "$dir/bin/ssh"
