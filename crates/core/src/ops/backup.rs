@@ -523,7 +523,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
                     continue;
                 }
             };
-            if self.excludes.matches(&path, md.is_dir()) {
+            if self.excludes.matches(&path) {
                 self.stats.excluded += 1;
                 continue;
             }

@@ -56,7 +56,7 @@ impl Excludes {
             .collect())
     }
 
-    pub fn matches(&self, path: &Path, _is_dir: bool) -> bool {
+    pub fn matches(&self, path: &Path) -> bool {
         path.file_name().is_some_and(|n| self.names.is_match(n)) || self.paths.is_match(path)
     }
 }
@@ -72,17 +72,17 @@ mod tests {
     #[test]
     fn name_patterns_match_anywhere() {
         let e = ex(&["*.o", "target"]);
-        assert!(e.matches(Path::new("/src/a/b.o"), false));
-        assert!(e.matches(Path::new("/src/target"), true));
-        assert!(!e.matches(Path::new("/src/target.rs"), false));
+        assert!(e.matches(Path::new("/src/a/b.o")));
+        assert!(e.matches(Path::new("/src/target")));
+        assert!(!e.matches(Path::new("/src/target.rs")));
     }
 
     #[test]
     fn path_patterns_match_the_absolute_path() {
         let e = ex(&["/home/*/cache", "/srv/**/tmp"]);
-        assert!(e.matches(Path::new("/home/u/cache"), true));
-        assert!(!e.matches(Path::new("/home/u/x/cache"), true));
-        assert!(e.matches(Path::new("/srv/a/b/tmp"), true));
+        assert!(e.matches(Path::new("/home/u/cache")));
+        assert!(!e.matches(Path::new("/home/u/x/cache")));
+        assert!(e.matches(Path::new("/srv/a/b/tmp")));
     }
 
     #[test]
