@@ -38,6 +38,15 @@ pub struct GlobalArgs {
     /// Print nothing but errors
     #[arg(short, long, global = true)]
     pub quiet: bool,
+    /// At the end, print the requests sent to each remote repository (on standard error)
+    #[arg(long, global = true)]
+    pub stats: bool,
+    /// Keep no local copies of a remote repository's index, snapshots and trees
+    #[arg(long, global = true)]
+    pub no_cache: bool,
+    /// Where to keep those copies (default: $XDG_CACHE_HOME/cairn)
+    #[arg(long, env = "CAIRN_CACHE_DIR", global = true, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -4,11 +4,12 @@
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
+use cairn_core::cache::Cache;
 use cairn_core::repo::{InitOptions, Repository};
-use cairn_core::storage::Storage;
+use cairn_core::storage::{RequestCounts, Storage};
 
 use crate::args::GlobalArgs;
 
@@ -83,26 +84,81 @@ fn prompt(confirm: bool) -> Result<String> {
     Ok(pw)
 }
 
+/// Request counters of every remote store this process opened, for `--stats`. Only the
+/// counters are kept: the stores themselves must be dropped (closing SFTP sessions)
+/// before the process exits.
+static OPENED: Mutex<Vec<(String, Arc<RequestCounts>)>> = Mutex::new(Vec::new());
+
+/// `(location, counters)` of every remote store opened so far.
+pub fn request_counts() -> Vec<(String, Arc<RequestCounts>)> {
+    OPENED.lock().map(|v| v.clone()).unwrap_or_default()
+}
+
 /// The store at the repository's address: a local path, `s3:...` or `sftp:...`.
 fn storage_at(path: &Path) -> Result<Arc<dyn Storage>> {
     let address = path
         .to_str()
         .context("The repository address is not valid UTF-8")?;
-    Ok(cairn_core::storage::open(address)?)
+    let storage = cairn_core::storage::open(address)?;
+    if let (Some(counts), Ok(mut opened)) = (storage.request_counts(), OPENED.lock()) {
+        opened.push((storage.location(), counts));
+    }
+    Ok(storage)
+}
+
+/// Keeps a remote repository's index, snapshots and trees in the local cache, unless
+/// `--no-cache`. A cache that cannot be created is a warning: the command still runs.
+fn attach_cache(repo: &mut Repository, global: &GlobalArgs) {
+    if global.no_cache || repo.storage().request_counts().is_none() {
+        return;
+    }
+    let Some(base) = global
+        .cache_dir
+        .clone()
+        .or_else(|| dirs::cache_dir().map(|d| d.join("cairn")))
+    else {
+        return;
+    };
+    match Cache::open(&base, &repo.config().id) {
+        Ok(cache) => repo.set_cache(cache),
+        Err(e) => eprintln!(
+            "warning: no local cache ({}: {e}); every command downloads index and trees",
+            base.display()
+        ),
+    }
 }
 
 /// Opens the repository named by the global options and reads its index.
 pub fn open(global: &GlobalArgs) -> Result<Repository> {
     let mut repo = open_without_index(global)?;
+    load_index(&mut repo)?;
+    Ok(repo)
+}
+
+/// Opens the repository and reads its index, without the local cache: for commands
+/// that must judge the repository itself (check, repair), not local copies of it.
+pub fn open_uncached(global: &GlobalArgs) -> Result<Repository> {
+    let mut repo = open_repository(global)?;
+    load_index(&mut repo)?;
+    Ok(repo)
+}
+
+fn load_index(repo: &mut Repository) -> Result<()> {
     repo.load_index()?;
     for problem in repo.index_problems() {
         eprintln!("warning: {}", cairn_core::error::chain(problem));
     }
-    Ok(repo)
+    Ok(())
 }
 
 /// Opens the repository without reading its index (a backup reads it itself).
 pub fn open_without_index(global: &GlobalArgs) -> Result<Repository> {
+    let mut repo = open_repository(global)?;
+    attach_cache(&mut repo, global);
+    Ok(repo)
+}
+
+fn open_repository(global: &GlobalArgs) -> Result<Repository> {
     let loc = locate(global)?;
     let password = match (given_password(global)?, &loc.default_key) {
         (Some(pw), _) => pw,
@@ -147,7 +203,8 @@ pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
     if password.is_empty() {
         bail!("An empty password is not allowed");
     }
-    let repo = Repository::init(storage_at(&loc.path)?, password.as_bytes(), opts)?;
+    let mut repo = Repository::init(storage_at(&loc.path)?, password.as_bytes(), opts)?;
+    attach_cache(&mut repo, global);
     if let Some(key) = &loc.default_key {
         if given_password(global)?.is_none() {
             eprintln!(

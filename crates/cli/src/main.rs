@@ -19,7 +19,12 @@ const EXIT_INTERRUPTED: u8 = 130;
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
-    match commands::run(cli) {
+    let (stats, json) = (cli.global.stats, cli.global.json);
+    let outcome = commands::run(cli);
+    if stats {
+        output::print_request_counts(&context::request_counts(), json);
+    }
+    match outcome {
         Ok(code) => ExitCode::from(code),
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) if signals::interrupted() => {

@@ -119,3 +119,49 @@ pub fn mode_string(kind: &str, mode: u32) -> String {
     }
     s
 }
+
+/// `--stats`: the requests this process sent to each remote repository, on standard error
+/// (standard output stays the command's own report). With `--json`, one JSON object per
+/// line: `{"repository": .., "requests": {"get": N, ..}, "bytes_received": N, "bytes_sent": N}`.
+pub fn print_request_counts(
+    stores: &[(String, std::sync::Arc<cairn_core::storage::RequestCounts>)],
+    json: bool,
+) {
+    if stores.is_empty() && !json {
+        eprintln!("stats: a local repository; no requests to count");
+    }
+    for (location, counts) in stores {
+        let kinds = counts.snapshot();
+        let (received, sent) = counts.bytes();
+        if json {
+            let requests: serde_json::Map<String, serde_json::Value> = kinds
+                .iter()
+                .map(|(k, n)| (k.to_string(), (*n).into()))
+                .collect();
+            let line = serde_json::json!({
+                "repository": location,
+                "requests": requests,
+                "bytes_received": received,
+                "bytes_sent": sent,
+            });
+            eprintln!("{line}");
+        } else {
+            let total: u64 = kinds.iter().map(|(_, n)| n).sum();
+            let each: Vec<String> = kinds
+                .iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(k, n)| format!("{n} {}", k.to_uppercase()))
+                .collect();
+            eprintln!(
+                "requests to {location}: {total} ({}); received {}, sent {}",
+                if each.is_empty() {
+                    "none".to_string()
+                } else {
+                    each.join(", ")
+                },
+                size(received),
+                size(sent)
+            );
+        }
+    }
+}

@@ -5,6 +5,7 @@
 //! ([`crypto`], [`compress`], [`tree`], [`id`]) → the `cairn-storage` crate.
 //! Nothing here knows about terminals or argument syntax.
 
+pub mod cache;
 pub mod compress;
 pub mod config;
 pub mod crypto;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cairn_chunker::ChunkerParams;
 use cairn_storage::{Storage, StorageError};
 
+use crate::cache::Cache;
 use crate::compress::{self, Compression};
 use crate::config::{ChunkerConfig, Config, ConfigError, FORMAT_VERSION};
 use crate::crypto::{KdfParams, KeyFile, KeyFileError, MasterKey};
@@ -49,6 +50,8 @@ pub struct Repository {
     index: Index,
     /// Index files that could not be read; their blobs are missing from `index`.
     index_problems: Vec<Error>,
+    /// Local copies of index, snapshot and tree data (set for remote repositories).
+    cache: Option<Cache>,
 }
 
 /// All readable snapshots, oldest first, and the ones that could not be read.
@@ -89,6 +92,7 @@ impl Repository {
             key: Arc::new(key),
             index: Index::default(),
             index_problems: Vec::new(),
+            cache: None,
         }
     }
 
@@ -146,9 +150,41 @@ impl Repository {
     }
 
     fn read_index_file(&self, name: &str) -> Result<IndexFile> {
+        let bytes = self.read_cacheable_file(name)?;
+        IndexFile::open(&self.key, &bytes).map_err(|reason| self.corrupt(name, reason))
+    }
+
+    /// Reads an index or snapshot file from the cache or, failing that, from storage
+    /// (checked against its name, then cached).
+    fn read_cacheable_file(&self, name: &str) -> Result<Vec<u8>> {
+        if let Some(bytes) = self.cache.as_ref().and_then(|c| c.file(name)) {
+            return Ok(bytes);
+        }
         let bytes = self.storage.read(name)?;
         self.check_name(name, &bytes)?;
-        IndexFile::open(&self.key, &bytes).map_err(|reason| self.corrupt(name, reason))
+        if let Some(cache) = &self.cache {
+            cache.put_file(name, &bytes);
+        }
+        Ok(bytes)
+    }
+
+    /// Lists `dir` (`index` or `snapshots`) in storage, and forgets cached files that are
+    /// gone from it.
+    fn list_cacheable(&self, dir: &str) -> Result<Vec<String>> {
+        let names = self.storage.list(dir)?;
+        if let Some(cache) = &self.cache {
+            cache.retain(dir, &names);
+        }
+        Ok(names)
+    }
+
+    /// Keeps index, snapshot and tree data in `cache` from now on.
+    pub fn set_cache(&mut self, cache: Cache) {
+        self.cache = Some(cache);
+    }
+
+    pub fn cache(&self) -> Option<&Cache> {
+        self.cache.as_ref()
     }
 
     /// Files are named by the hash of their bytes: a mismatch is damage, found without a key.
@@ -215,31 +251,63 @@ impl Repository {
     /// Reads, decrypts, decompresses and verifies one blob. Never returns wrong bytes: the
     /// plaintext must hash to the blob's id.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
+        self.read_sealed_blob(id).map(|(_, plain)| plain)
+    }
+
+    /// The blob as stored (sealed) and its verified plaintext.
+    fn read_sealed_blob(&self, id: &BlobId) -> Result<(Vec<u8>, Vec<u8>)> {
         let loc = self
             .index
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
-        let damaged = |reason: String| Error::BlobDamaged {
-            id: *id,
-            pack: loc.pack,
-            reason,
-        };
         let sealed = self.storage.read_range(
             &loc.pack.storage_name(),
             loc.offset as u64,
             loc.length as u64,
         )?;
-        let tagged = self.key.open(&sealed).map_err(|e| damaged(e.to_string()))?;
-        let plain = compress::decompress(&tagged, loc.raw_length as usize)
-            .map_err(|e| damaged(e.to_string()))?;
+        let plain = self
+            .unseal_blob(id, &sealed, loc.raw_length as usize)
+            .map_err(|reason| Error::BlobDamaged {
+                id: *id,
+                pack: loc.pack,
+                reason,
+            })?;
+        Ok((sealed, plain))
+    }
+
+    fn unseal_blob(
+        &self,
+        id: &BlobId,
+        sealed: &[u8],
+        raw_length: usize,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let tagged = self.key.open(sealed).map_err(|e| e.to_string())?;
+        let plain = compress::decompress(&tagged, raw_length).map_err(|e| e.to_string())?;
         if self.key.blob_id(&plain) != *id {
-            return Err(damaged("its content does not match its id".into()));
+            return Err("its content does not match its id".into());
         }
         Ok(plain)
     }
 
+    /// A tree blob's plaintext, from the cache when it holds a verified copy.
+    fn read_tree_bytes(&self, id: &BlobId) -> Result<Vec<u8>> {
+        let Some(cache) = &self.cache else {
+            return self.read_blob(id);
+        };
+        let hex = id.to_string();
+        if let (Some(sealed), Some(loc)) = (cache.tree(&hex), self.index.get(id)) {
+            match self.unseal_blob(id, &sealed, loc.raw_length as usize) {
+                Ok(plain) => return Ok(plain),
+                Err(_) => cache.remove_tree(&hex),
+            }
+        }
+        let (sealed, plain) = self.read_sealed_blob(id)?;
+        cache.put_tree(&hex, &sealed);
+        Ok(plain)
+    }
+
     pub fn read_tree(&self, id: &BlobId) -> Result<Tree> {
-        let bytes = self.read_blob(id)?;
+        let bytes = self.read_tree_bytes(id)?;
         Tree::from_bytes(&bytes).map_err(|e| Error::BlobDamaged {
             id: *id,
             pack: self
@@ -282,7 +350,7 @@ impl Repository {
     /// Every index file, read again from storage; unreadable ones come back as errors.
     pub fn index_files(&self) -> Result<Vec<(IndexId, Result<IndexFile>)>> {
         let mut out = Vec::new();
-        for name in self.storage.list("index")? {
+        for name in self.list_cacheable("index")? {
             if let Some(id) = name.strip_prefix("index/").and_then(|n| n.parse().ok()) {
                 out.push((id, self.read_index_file(&name)));
             }
@@ -311,16 +379,14 @@ impl Repository {
 
     pub fn load_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
         let name = id.storage_name();
-        let bytes = self.storage.read(&name)?;
-        self.check_name(&name, &bytes)?;
+        let bytes = self.read_cacheable_file(&name)?;
         let json = crate::object::open(&self.key, &bytes).map_err(|r| self.corrupt(&name, r))?;
         Snapshot::from_json(&json).map_err(|e| self.corrupt(&name, e.to_string()))
     }
 
     pub fn snapshot_ids(&self) -> Result<Vec<SnapshotId>> {
         Ok(self
-            .storage
-            .list("snapshots")?
+            .list_cacheable("snapshots")?
             .iter()
             .filter_map(|n| n.strip_prefix("snapshots/")?.parse().ok())
             .collect())

@@ -6,17 +6,20 @@
 //! and listings that never show half-written files. Every backend must pass
 //! [`testsuite::run_all`].
 
+mod counts;
 mod error;
 mod local;
 mod location;
 mod name;
 mod remote;
+mod ssh_orphans;
 pub mod testsuite;
 
+pub use counts::RequestCounts;
 pub use error::{Result, StorageError};
 pub use local::LocalStorage;
 pub use location::{open, Location};
-pub use remote::{RemoteStorage, RequestCounts, S3Config, SftpConfig};
+pub use remote::{RemoteStorage, S3Config, SftpConfig};
 
 /// A store of named, write-once files.
 ///
@@ -53,6 +56,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
 
     /// Removes the file, or [`StorageError::NotFound`] if it is missing.
     fn delete(&self, name: &str) -> Result<()>;
+
+    /// Requests issued so far, for stores where requests cost time or money (remote
+    /// ones); `None` for a local directory.
+    fn request_counts(&self) -> Option<std::sync::Arc<RequestCounts>> {
+        None
+    }
 
     /// Whether [`write`](Self::write)'s create-only check is atomic. Where it is not
     /// (SFTP has no create-if-absent rename), two writes racing for one name may both

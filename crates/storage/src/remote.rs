@@ -12,45 +12,16 @@
 //! SFTP writes go to a temporary name and are renamed into place; OpenSSH's rename does
 //! not replace an existing file.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use opendal::layers::{ConcurrentLimitLayer, RetryLayer, TimeoutLayer};
 use opendal::{blocking, ErrorKind, Operator};
 
+use crate::counts::{add, bump, RequestCounts};
 use crate::error::{Result, StorageError};
 use crate::name::validate_name;
 use crate::Storage;
-
-/// Requests issued so far, by kind.
-#[derive(Debug, Default)]
-pub struct RequestCounts {
-    pub get: AtomicU64,
-    pub put: AtomicU64,
-    pub head: AtomicU64,
-    pub list: AtomicU64,
-    pub delete: AtomicU64,
-    pub rename: AtomicU64,
-}
-
-impl RequestCounts {
-    /// `(kind, count)` pairs.
-    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
-        vec![
-            ("get", self.get.load(Ordering::Relaxed)),
-            ("put", self.put.load(Ordering::Relaxed)),
-            ("head", self.head.load(Ordering::Relaxed)),
-            ("list", self.list.load(Ordering::Relaxed)),
-            ("delete", self.delete.load(Ordering::Relaxed)),
-            ("rename", self.rename.load(Ordering::Relaxed)),
-        ]
-    }
-}
-
-fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
-}
 
 /// Where an S3 store is and how to sign requests.
 #[derive(Debug, Clone)]
@@ -102,8 +73,13 @@ impl std::fmt::Debug for RemoteStorage {
     }
 }
 
-/// Concurrent requests per store; enough to keep a pack upload and reads busy.
+/// Concurrent requests per S3 store; enough to keep a pack upload and reads busy.
 const MAX_CONCURRENT_REQUESTS: usize = 16;
+
+/// Concurrent requests per SFTP store. Each one holds its own `ssh` connection, and
+/// sixteen handshakes at once on a loaded machine outlasted OpenDAL's 10 s wait for a
+/// connection, which leaks the `ssh` master (see `ssh_orphans`).
+const MAX_CONCURRENT_SFTP_REQUESTS: usize = 4;
 
 impl RemoteStorage {
     pub fn s3(config: &S3Config, location: String) -> Result<Self> {
@@ -164,7 +140,10 @@ impl RemoteStorage {
                     .with_min_delay(Duration::from_millis(200))
                     .with_max_delay(Duration::from_secs(10)),
             )
-            .layer(ConcurrentLimitLayer::new(MAX_CONCURRENT_REQUESTS));
+            .layer(ConcurrentLimitLayer::new(match kind {
+                Kind::S3 => MAX_CONCURRENT_REQUESTS,
+                Kind::Sftp => MAX_CONCURRENT_SFTP_REQUESTS,
+            }));
         let op = {
             let _guard = runtime.enter();
             blocking::Operator::new(op).map_err(|e| config_error(&location, e))?
@@ -176,11 +155,6 @@ impl RemoteStorage {
             counts: Arc::new(RequestCounts::default()),
             _runtime: Arc::new(runtime),
         })
-    }
-
-    /// Requests issued so far.
-    pub fn request_counts(&self) -> Arc<RequestCounts> {
-        Arc::clone(&self.counts)
     }
 
     fn check(&self, name: &str) -> Result<()> {
@@ -247,6 +221,14 @@ impl RemoteStorage {
     }
 }
 
+impl Drop for RemoteStorage {
+    fn drop(&mut self) {
+        if self.kind == Kind::Sftp {
+            crate::ssh_orphans::end_orphaned_masters();
+        }
+    }
+}
+
 fn config_error(location: &str, e: opendal::Error) -> StorageError {
     StorageError::Remote {
         op: "connect to",
@@ -265,10 +247,13 @@ impl Storage for RemoteStorage {
     fn read(&self, name: &str) -> Result<Vec<u8>> {
         self.check(name)?;
         bump(&self.counts.get);
-        self.op
+        let data = self
+            .op
             .read(name)
             .map(|b| b.to_vec())
-            .map_err(|e| self.error("read", name, e))
+            .map_err(|e| self.error("read", name, e))?;
+        add(&self.counts.bytes_received, data.len());
+        Ok(data)
     }
 
     fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
@@ -306,6 +291,7 @@ impl Storage for RemoteStorage {
                 _ => return Err(self.error("read", name, e)),
             },
         };
+        add(&self.counts.bytes_received, data.len());
         if data.len() as u64 != len {
             return Err(truncated(self.stat_len(name)?.unwrap_or(0)));
         }
@@ -329,6 +315,7 @@ impl Storage for RemoteStorage {
                 // servers (Garage 2.5) ignore it: look first as well.
                 exists(self)?;
                 bump(&self.counts.put);
+                add(&self.counts.bytes_sent, data.len());
                 let opts = opendal::options::WriteOptions {
                     if_not_exists: self.op.info().capability().write_with_if_not_exists,
                     ..Default::default()
@@ -342,6 +329,7 @@ impl Storage for RemoteStorage {
                 exists(self)?;
                 let tmp = Self::tmp_name(name);
                 bump(&self.counts.put);
+                add(&self.counts.bytes_sent, data.len());
                 if let Err(e) = self.op.write(&tmp, data.to_vec()) {
                     let _ = self.op.delete(&tmp);
                     return Err(self.error("write", name, e));
@@ -396,6 +384,10 @@ impl Storage for RemoteStorage {
     fn exists(&self, name: &str) -> Result<bool> {
         self.check(name)?;
         Ok(self.stat_len(name)?.is_some())
+    }
+
+    fn request_counts(&self) -> Option<Arc<RequestCounts>> {
+        Some(Arc::clone(&self.counts))
     }
 
     fn create_is_exclusive(&self) -> bool {

@@ -13,7 +13,7 @@ pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
         (None, true) => Some(Subset::All),
         (None, false) => None,
     };
-    let repo = context::open(g)?;
+    let repo = context::open_uncached(g)?;
     let report = check::check(&repo, &CheckOptions { read_data }, &StderrMonitor::new(g))?;
     let code = if report.problems.is_empty() { 0 } else { 1 };
     if g.json {

@@ -6,7 +6,7 @@ use crate::context;
 use crate::output::{self, StderrMonitor};
 
 pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
-    let mut repo = context::open(g)?;
+    let mut repo = context::open_uncached(g)?;
     let monitor = StderrMonitor::new(g);
     match cmd {
         RepairCommand::Index(a) => {
