@@ -20,6 +20,36 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Parses the command line, as `Parser::parse` does, and then forgets the password
+    /// options of `config repo add` that were not typed: clap hands them the values of
+    /// `CAIRN_PASSWORD_FILE`/`CAIRN_PASSWORD_COMMAND` through the global options of the
+    /// same names, and a password source meant for `-r` must not be written into the
+    /// config file.
+    pub fn parse_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches();
+        // Not `from_arg_matches_mut`, which takes the values (and their sources) out.
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        if let Command::Config(ConfigCommand::Repo(RepoCommand::Add(add))) = &mut cli.command {
+            let add_matches = ["config", "repo", "add"]
+                .iter()
+                .try_fold(&matches, |m, name| m.subcommand_matches(name));
+            let typed = |id: &str| {
+                add_matches.and_then(|m| m.value_source(id))
+                    == Some(clap::parser::ValueSource::CommandLine)
+            };
+            if !typed("password_command") {
+                add.password_command = None;
+            }
+            if !typed("password_file") {
+                add.password_file = None;
+            }
+        }
+        cli
+    }
+}
+
 /// Options every command takes, before or after its name.
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
@@ -98,9 +128,8 @@ pub struct RepoAddArgs {
     pub name: String,
     /// The repository's address: a path, s3:... or sftp:...
     pub address: String,
-    // These two share their ids with the global options, which makes clap keep the global
-    // ones out of this command: a CAIRN_PASSWORD_FILE in the environment must not end up
-    // in the config file, only what is typed here.
+    // These two share their ids with the global options, so that clap lets them take the
+    // same names; `Cli::parse_args` drops the values the environment gave them.
     /// Run this shell command for the password whenever the repository is used
     #[arg(long, conflicts_with = "password_file")]
     pub password_command: Option<String>,

@@ -10,8 +10,6 @@ mod signals;
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 /// Exit code when a backup finished but some source files could not be read.
 pub const EXIT_PARTIAL: u8 = 3;
 
@@ -19,7 +17,7 @@ pub const EXIT_PARTIAL: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
 
 fn main() -> ExitCode {
-    let cli = args::Cli::parse();
+    let cli = args::Cli::parse_args();
     match commands::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
