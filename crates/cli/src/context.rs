@@ -321,3 +321,37 @@ fn create_default_key(key: &Path) -> Result<String> {
         .with_context(|| format!("Cannot write the key file {}", key.display()))?;
     Ok(password)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_repository_opens_with_its_own_password_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        let address = repo.to_str().unwrap();
+        Repository::init(
+            storage_at(&repo).unwrap(),
+            b"second secret",
+            &InitOptions::default(),
+        )
+        .unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "second secret\n").unwrap();
+
+        assert!(open_other_without_index(address, Some(&pw), None).is_ok());
+        assert!(open_other(address, None, Some("echo second secret")).is_ok());
+        // The password file wins over the command, as on the command line.
+        assert!(open_other_without_index(address, Some(&pw), Some("echo wrong")).is_ok());
+        assert!(open_other_without_index(address, None, Some("echo wrong")).is_err());
+    }
+
+    #[test]
+    fn a_spec_without_at_is_an_address() {
+        let loc = resolve("sftp://nas/x").unwrap();
+        assert_eq!(loc.path, PathBuf::from("sftp://nas/x"));
+        assert!(loc.password.is_none() && loc.default_key.is_none());
+        assert!(resolve("").is_err());
+    }
+}
