@@ -20,10 +20,41 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// Parses the command line, as `Parser::parse` does, and then forgets the password
+    /// options of `config repo add` that were not typed: clap hands them the values of
+    /// `CAIRN_PASSWORD_FILE`/`CAIRN_PASSWORD_COMMAND` through the global options of the
+    /// same names, and a password source meant for `-r` must not be written into the
+    /// config file.
+    pub fn parse_args() -> Cli {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Cli::command().get_matches();
+        // Not `from_arg_matches_mut`, which takes the values (and their sources) out.
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        if let Command::Config(ConfigCommand::Repo(RepoCommand::Add(add))) = &mut cli.command {
+            let add_matches = ["config", "repo", "add"]
+                .iter()
+                .try_fold(&matches, |m, name| m.subcommand_matches(name));
+            let typed = |id: &str| {
+                add_matches.and_then(|m| m.value_source(id))
+                    == Some(clap::parser::ValueSource::CommandLine)
+            };
+            if !typed("password_command") {
+                add.password_command = None;
+            }
+            if !typed("password_file") {
+                add.password_file = None;
+            }
+        }
+        cli
+    }
+}
+
 /// Options every command takes, before or after its name.
 #[derive(Debug, Args, Clone)]
 pub struct GlobalArgs {
-    /// Repository path (default: $XDG_DATA_HOME/cairn/default, created on first backup)
+    /// Repository address, or @NAME from the config file (default: the config file's
+    /// default, else $XDG_DATA_HOME/cairn/default, created on first backup)
     #[arg(short = 'r', long = "repo", env = "CAIRN_REPOSITORY", global = true)]
     pub repo: Option<String>,
     /// Read the repository password from the first line of this file
@@ -74,6 +105,67 @@ pub enum Command {
     /// Repair a damaged repository
     #[command(subcommand)]
     Repair(RepairCommand),
+    /// Edit the config file ($XDG_CONFIG_HOME/cairn/config.toml)
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Named repositories, used as `-r @NAME` or as the default
+    #[command(subcommand)]
+    Repo(RepoCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RepoCommand {
+    /// Name a repository (it is not contacted)
+    Add(RepoAddArgs),
+    /// List the named repositories
+    #[command(visible_alias = "ls")]
+    List,
+    /// Forget a name (the repository itself is untouched)
+    #[command(visible_alias = "rm")]
+    Remove(RepoRemoveArgs),
+    /// Show, set or clear the repository used when no -r is given
+    Default(RepoDefaultArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RepoAddArgs {
+    /// The name, used as `-r @NAME`: letters, digits, '-' and '_'
+    pub name: String,
+    /// The repository's address: a path, s3:... or sftp:...
+    pub address: String,
+    // These two share their ids with the global options, so that clap lets them take the
+    // same names; `Cli::parse_args` drops the values the environment gave them.
+    /// Run this shell command for the password whenever the repository is used
+    #[arg(long, conflicts_with = "password_file")]
+    pub password_command: Option<String>,
+    /// Read the password from the first line of this file whenever the repository is used
+    #[arg(long)]
+    pub password_file: Option<PathBuf>,
+    /// Also make it the default repository
+    #[arg(long)]
+    pub default: bool,
+    /// Replace an entry of the same name
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RepoRemoveArgs {
+    pub name: String,
+}
+
+#[derive(Debug, Args)]
+pub struct RepoDefaultArgs {
+    /// The name to make the default; without it, print the current default
+    #[arg(conflicts_with = "unset")]
+    pub name: Option<String>,
+    /// Clear the default: commands without -r use the built-in default repository again
+    #[arg(long)]
+    pub unset: bool,
 }
 
 #[derive(Debug, Args)]
@@ -300,6 +392,32 @@ mod tests {
         assert_eq!(parse_size("1MiB"), Ok(1 << 20));
         assert!(parse_size("1X").is_err());
         assert!(parse_size("8G").is_err());
+    }
+
+    #[test]
+    fn config_repo_add_takes_its_own_password_options() {
+        let cli = Cli::try_parse_from([
+            "cairn",
+            "config",
+            "repo",
+            "add",
+            "nas",
+            "sftp://nas/x",
+            "--password-command",
+            "pass show cairn",
+        ])
+        .unwrap();
+        let Command::Config(ConfigCommand::Repo(RepoCommand::Add(a))) = cli.command else {
+            panic!("parsed as config repo add: {:?}", cli.command);
+        };
+        assert_eq!(a.password_command.as_deref(), Some("pass show cairn"));
+        assert_eq!(a.password_file, None);
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
     }
 
     #[test]

@@ -1,6 +1,11 @@
-//! Finding the repository and its password: `-r`/`CAIRN_REPOSITORY` or the default
-//! repository, and the password from a file, a command, `CAIRN_PASSWORD`, the default
-//! repository's key file, or a prompt on a terminal, in that order.
+//! Finding the repository and its password: `-r`/`CAIRN_REPOSITORY` (an address, or
+//! `@NAME` from the config file), else the config file's default, else the built-in
+//! default repository; and the password from a file, a command, `CAIRN_PASSWORD`, the
+//! named repository's entry, the default repository's key file, or a prompt on a
+//! terminal, in that order.
+//!
+//! `resolve` and `open_other` do the same for a second repository (the source of a
+//! copy), which never takes the password options or `CAIRN_PASSWORD` meant for `-r`.
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -12,23 +17,49 @@ use cairn_core::repo::{InitOptions, Repository};
 use cairn_core::storage::{RequestCounts, Storage};
 
 use crate::args::GlobalArgs;
+use crate::config::{ConfigFile, PasswordSource, RepoEntry};
 
 /// Where the repository is and, for the default one, where its key file is.
 pub struct Location {
+    /// The repository's address: a local path, `s3:...` or `sftp:...`.
     pub path: PathBuf,
     /// Set when no repository was named: the default one, keyed by this file.
     pub default_key: Option<PathBuf>,
+    /// The password source of the config file's entry, used when none is given explicitly.
+    pub password: Option<PasswordSource>,
 }
 
+impl Location {
+    fn at(address: &str) -> Location {
+        Location {
+            path: PathBuf::from(address),
+            default_key: None,
+            password: None,
+        }
+    }
+
+    fn named(entry: &RepoEntry) -> Location {
+        Location {
+            password: entry.password.clone(),
+            ..Location::at(&entry.address)
+        }
+    }
+}
+
+/// The repository the global options name, or the default one.
 pub fn locate(global: &GlobalArgs) -> Result<Location> {
     if let Some(repo) = &global.repo {
         if repo.is_empty() {
             bail!("The repository given with -r/--repo or CAIRN_REPOSITORY is empty");
         }
-        return Ok(Location {
-            path: PathBuf::from(repo),
-            default_key: None,
-        });
+        return resolve(repo);
+    }
+    // Without a config directory there is no config file, and the built-in default
+    // below says what is missing.
+    if let Ok(path) = crate::config::default_path() {
+        if let Some(entry) = ConfigFile::load(&path)?.default_repo()? {
+            return Ok(Location::named(entry));
+        }
     }
     let data = dirs::data_dir().context(
         "No repository given and no data directory for the default one: pass -r/--repo or set XDG_DATA_HOME",
@@ -39,42 +70,137 @@ pub fn locate(global: &GlobalArgs) -> Result<Location> {
     Ok(Location {
         path: data.join("cairn").join("default"),
         default_key: Some(config.join("cairn").join("default.key")),
+        password: None,
     })
 }
 
-/// The password given explicitly, if any.
-fn given_password(global: &GlobalArgs) -> Result<Option<String>> {
-    if let Some(file) = &global.password_file {
-        let text = std::fs::read_to_string(file)
-            .with_context(|| format!("Cannot read the password file {}", file.display()))?;
-        return Ok(Some(first_line(&text)));
+/// A repository given by the user: `@NAME`, an entry of the config file (with its
+/// password source), or an address. Reads the config file only for `@NAME`.
+pub fn resolve(spec: &str) -> Result<Location> {
+    if let Some(name) = spec.strip_prefix('@') {
+        let config = ConfigFile::load_default()?;
+        return Ok(Location::named(config.repo(name)?));
     }
-    if let Some(cmd) = &global.password_command {
-        let out = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .with_context(|| format!("Cannot run the password command {cmd:?}"))?;
-        if !out.status.success() {
-            bail!("The password command {cmd:?} failed ({})", out.status);
-        }
-        return Ok(Some(first_line(&String::from_utf8_lossy(&out.stdout))));
+    if spec.is_empty() {
+        bail!("The repository address is empty");
+    }
+    Ok(Location::at(spec))
+}
+
+/// Opens a second repository and reads its index, e.g. the source of a copy. `spec` is
+/// `@NAME` or an address; the password comes from `password_file` or
+/// `password_command` if given, else from the named entry, else from a prompt on a
+/// terminal. The global password options and `CAIRN_PASSWORD` are not used: they belong
+/// to the repository of `-r`.
+// For `copy --from-repo` and `init --copy-chunker-params`, which are being written.
+#[allow(dead_code)]
+pub fn open_other(
+    spec: &str,
+    password_file: Option<&Path>,
+    password_command: Option<&str>,
+) -> Result<Repository> {
+    let mut repo = open_other_without_index(spec, password_file, password_command)?;
+    repo.load_index()?;
+    for problem in repo.index_problems() {
+        eprintln!("warning: {}", cairn_core::error::chain(problem));
+    }
+    Ok(repo)
+}
+
+/// `open_other` without reading the index (enough to read the repository's config).
+#[allow(dead_code)]
+pub fn open_other_without_index(
+    spec: &str,
+    password_file: Option<&Path>,
+    password_command: Option<&str>,
+) -> Result<Repository> {
+    let loc = resolve(spec)?;
+    let password = match explicit_password(password_file, password_command)? {
+        Some(pw) => pw,
+        None => match entry_password(&loc)? {
+            Some(pw) => pw,
+            None if !std::io::stdin().is_terminal() => bail!(
+                "No password for the repository {spec}: give its password file or command, \
+                 or name it with @NAME from the config file with a password source \
+                 (`cairn config repo add NAME ADDRESS --password-file FILE`)"
+            ),
+            None => prompt(
+                &format!("Password of the repository {}: ", loc.path.display()),
+                false,
+            )?,
+        },
+    };
+    Repository::open_without_index(storage_at(&loc.path)?, password.as_bytes())
+        .with_context(|| format!("Cannot open the repository {spec}"))
+}
+
+/// The password given explicitly for the repository of `-r`, if any.
+fn given_password(global: &GlobalArgs) -> Result<Option<String>> {
+    if let Some(pw) = explicit_password(
+        global.password_file.as_deref(),
+        global.password_command.as_deref(),
+    )? {
+        return Ok(Some(pw));
     }
     Ok(std::env::var("CAIRN_PASSWORD").ok())
+}
+
+fn explicit_password(file: Option<&Path>, command: Option<&str>) -> Result<Option<String>> {
+    if let Some(file) = file {
+        return read_password(&PasswordSource::File(file.to_path_buf())).map(Some);
+    }
+    if let Some(cmd) = command {
+        return read_password(&PasswordSource::Command(cmd.to_string())).map(Some);
+    }
+    Ok(None)
+}
+
+/// The password from the config file's entry, if the repository was named by one.
+fn entry_password(loc: &Location) -> Result<Option<String>> {
+    loc.password.as_ref().map(read_password).transpose()
+}
+
+fn read_password(source: &PasswordSource) -> Result<String> {
+    match source {
+        PasswordSource::File(file) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("Cannot read the password file {}", file.display()))?;
+            Ok(first_line(&text))
+        }
+        PasswordSource::Command(cmd) => {
+            let out = std::process::Command::new("sh")
+                .arg("-c")
+                .arg(cmd)
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .with_context(|| format!("Cannot run the password command {cmd:?}"))?;
+            if !out.status.success() {
+                bail!("The password command {cmd:?} failed ({})", out.status);
+            }
+            Ok(first_line(&String::from_utf8_lossy(&out.stdout)))
+        }
+    }
+}
+
+/// The password given explicitly, else the one of the named repository's entry.
+fn password_of(global: &GlobalArgs, loc: &Location) -> Result<Option<String>> {
+    match given_password(global)? {
+        Some(pw) => Ok(Some(pw)),
+        None => entry_password(loc),
+    }
 }
 
 fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or("").to_string()
 }
 
-fn prompt(confirm: bool) -> Result<String> {
+fn prompt(label: &str, confirm: bool) -> Result<String> {
     if !std::io::stdin().is_terminal() {
         bail!(
             "No password given: set CAIRN_PASSWORD, or pass --password-file or --password-command"
         );
     }
-    let pw = rpassword::prompt_password("Repository password: ")?;
+    let pw = rpassword::prompt_password(label)?;
     if confirm && rpassword::prompt_password("Repeat the password: ")? != pw {
         bail!("The passwords do not match");
     }
@@ -160,7 +286,7 @@ pub fn open_without_index(global: &GlobalArgs) -> Result<Repository> {
 
 fn open_repository(global: &GlobalArgs) -> Result<Repository> {
     let loc = locate(global)?;
-    let password = match (given_password(global)?, &loc.default_key) {
+    let password = match (password_of(global, &loc)?, &loc.default_key) {
         (Some(pw), _) => pw,
         (None, Some(key)) => {
             if !loc.path.join("config").exists() {
@@ -172,7 +298,7 @@ fn open_repository(global: &GlobalArgs) -> Result<Repository> {
             }
             read_default_key(key, &loc.path)?
         }
-        (None, None) => prompt(false)?,
+        (None, None) => prompt("Repository password: ", false)?,
     };
     Ok(Repository::open_without_index(
         storage_at(&loc.path)?,
@@ -195,10 +321,12 @@ fn read_default_key(key: &Path, repo: &Path) -> Result<String> {
 /// Creates a repository at the location named by the global options.
 pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
     let loc = locate(global)?;
-    let password = match (given_password(global)?, &loc.default_key) {
+    let given = password_of(global, &loc)?;
+    let given_none = given.is_none();
+    let password = match (given, &loc.default_key) {
         (Some(pw), _) => pw,
         (None, Some(key)) => create_default_key(key)?,
-        (None, None) => prompt(true)?,
+        (None, None) => prompt("Repository password: ", true)?,
     };
     if password.is_empty() {
         bail!("An empty password is not allowed");
@@ -206,7 +334,7 @@ pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
     let mut repo = Repository::init(storage_at(&loc.path)?, password.as_bytes(), opts)?;
     attach_cache(&mut repo, global);
     if let Some(key) = &loc.default_key {
-        if given_password(global)?.is_none() {
+        if given_none {
             eprintln!(
                 "Created the default repository {}.\n\
                  Its key is in {} - without that file these backups cannot be restored.\n\
@@ -249,4 +377,38 @@ fn create_default_key(key: &Path) -> Result<String> {
         .and_then(|_| f.sync_all())
         .with_context(|| format!("Cannot write the key file {}", key.display()))?;
     Ok(password)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_repository_opens_with_its_own_password_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        let address = repo.to_str().unwrap();
+        Repository::init(
+            storage_at(&repo).unwrap(),
+            b"second secret",
+            &InitOptions::default(),
+        )
+        .unwrap();
+        let pw = dir.path().join("pw");
+        std::fs::write(&pw, "second secret\n").unwrap();
+
+        assert!(open_other_without_index(address, Some(&pw), None).is_ok());
+        assert!(open_other(address, None, Some("echo second secret")).is_ok());
+        // The password file wins over the command, as on the command line.
+        assert!(open_other_without_index(address, Some(&pw), Some("echo wrong")).is_ok());
+        assert!(open_other_without_index(address, None, Some("echo wrong")).is_err());
+    }
+
+    #[test]
+    fn a_spec_without_at_is_an_address() {
+        let loc = resolve("sftp://nas/x").unwrap();
+        assert_eq!(loc.path, PathBuf::from("sftp://nas/x"));
+        assert!(loc.password.is_none() && loc.default_key.is_none());
+        assert!(resolve("").is_err());
+    }
 }

@@ -3,13 +3,12 @@
 
 mod args;
 mod commands;
+mod config;
 mod context;
 mod output;
 mod signals;
 
 use std::process::ExitCode;
-
-use clap::Parser;
 
 /// Exit code when a backup finished but some source files could not be read.
 pub const EXIT_PARTIAL: u8 = 3;
@@ -18,7 +17,7 @@ pub const EXIT_PARTIAL: u8 = 3;
 const EXIT_INTERRUPTED: u8 = 130;
 
 fn main() -> ExitCode {
-    let cli = args::Cli::parse();
+    let cli = args::Cli::parse_args();
     let (stats, json) = (cli.global.stats, cli.global.json);
     let outcome = commands::run(cli);
     if stats {

@@ -5,6 +5,7 @@ mod backup;
 mod browse;
 mod check;
 mod chunk;
+mod config;
 mod forget;
 mod init;
 mod repair;
@@ -30,5 +31,6 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Forget(a) => forget::run(g, a),
         Command::Prune(a) => forget::prune(g, a.max_unused, a.dry_run),
         Command::Repair(r) => repair::run(g, r),
+        Command::Config(c) => config::run(g, c),
     }
 }

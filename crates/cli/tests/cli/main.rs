@@ -4,6 +4,7 @@
 mod backup;
 mod chunk;
 mod common;
+mod config_file;
 mod damage;
 mod default_repo;
 mod errors;
