@@ -105,6 +105,8 @@ pub enum Command {
     /// Repair a damaged repository
     #[command(subcommand)]
     Repair(RepairCommand),
+    /// Copy snapshots from another repository, sending only the data this one lacks
+    Copy(CopyArgs),
     /// Edit the config file ($XDG_CONFIG_HOME/cairn/config.toml)
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -255,8 +257,37 @@ pub struct RepairSnapshotsArgs {
     pub dry_run: bool,
 }
 
+/// The other repository of `copy` and `init --copy-chunker-params`.
+#[derive(Debug, Args)]
+pub struct FromRepoArgs {
+    /// The other repository: an address or @NAME from the config file
+    #[arg(long, value_name = "REPO", env = "CAIRN_FROM_REPOSITORY")]
+    pub from_repo: Option<String>,
+    /// Read the other repository's password from the first line of this file
+    #[arg(long, value_name = "FILE", env = "CAIRN_FROM_PASSWORD_FILE")]
+    pub from_password_file: Option<PathBuf>,
+    /// Run this shell command and use the first line it prints as the other password
+    #[arg(long, value_name = "CMD", env = "CAIRN_FROM_PASSWORD_COMMAND")]
+    pub from_password_command: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CopyArgs {
+    /// Snapshots of the other repository to copy (ids, unique prefixes or `latest`;
+    /// default: all that are not here yet)
+    pub snapshots: Vec<String>,
+    #[command(flatten)]
+    pub from: FromRepoArgs,
+}
+
 #[derive(Debug, Args)]
 pub struct InitArgs {
+    /// Chunk and name data as the repository of --from-repo does, so that the two
+    /// deduplicate together and `copy` between them sends only what is missing
+    #[arg(long, conflicts_with_all = ["chunk_min", "chunk_avg", "chunk_max"])]
+    pub copy_chunker_params: bool,
+    #[command(flatten)]
+    pub from: FromRepoArgs,
     /// Smallest chunk (e.g. 512K)
     #[arg(long, value_parser = parse_size)]
     pub chunk_min: Option<u32>,

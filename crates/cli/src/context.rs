@@ -92,8 +92,6 @@ pub fn resolve(spec: &str) -> Result<Location> {
 /// `password_command` if given, else from the named entry, else from a prompt on a
 /// terminal. The global password options and `CAIRN_PASSWORD` are not used: they belong
 /// to the repository of `-r`.
-// For `copy --from-repo` and `init --copy-chunker-params`, which are being written.
-#[allow(dead_code)]
 pub fn open_other(
     spec: &str,
     password_file: Option<&Path>,
@@ -108,7 +106,6 @@ pub fn open_other(
 }
 
 /// `open_other` without reading the index (enough to read the repository's config).
-#[allow(dead_code)]
 pub fn open_other_without_index(
     spec: &str,
     password_file: Option<&Path>,
@@ -410,5 +407,22 @@ mod tests {
         assert_eq!(loc.path, PathBuf::from("sftp://nas/x"));
         assert!(loc.password.is_none() && loc.default_key.is_none());
         assert!(resolve("").is_err());
+    }
+}
+
+/// Opens the repository of `--from-repo`, with or without its index.
+pub fn open_from(from: &crate::args::FromRepoArgs, with_index: bool) -> Result<Repository> {
+    let spec = from
+        .from_repo
+        .as_deref()
+        .context("Name the other repository with --from-repo (an address or @NAME)")?;
+    let (file, cmd) = (
+        from.from_password_file.as_deref(),
+        from.from_password_command.as_deref(),
+    );
+    if with_index {
+        open_other(spec, file, cmd)
+    } else {
+        open_other_without_index(spec, file, cmd)
     }
 }

@@ -57,6 +57,21 @@ impl MasterKey {
         key
     }
 
+    /// A new key that names blobs and cuts chunks exactly as `other` does, with its own
+    /// encryption key: a repository made with it deduplicates with `other`'s, and
+    /// copying between the two sends only missing blobs, found by id without reading.
+    pub fn sharing_ids_with(other: &MasterKey) -> Self {
+        let mut key = Self::generate();
+        key.id_key = other.id_key;
+        key.chunker_seed = other.chunker_seed;
+        key
+    }
+
+    /// Whether blobs are named, and chunks cut, the same way under both keys.
+    pub fn shares_ids_with(&self, other: &MasterKey) -> bool {
+        self.id_key == other.id_key && self.chunker_seed == other.chunker_seed
+    }
+
     /// The keyed BLAKE3 hash that names a blob.
     pub fn blob_id(&self, plaintext: &[u8]) -> BlobId {
         BlobId(*blake3::keyed_hash(&self.id_key, plaintext).as_bytes())
@@ -277,6 +292,16 @@ mod tests {
     fn another_key_cannot_open() {
         let sealed = MasterKey::generate().seal(b"x");
         assert!(MasterKey::generate().open(&sealed).is_err());
+    }
+
+    #[test]
+    fn a_key_sharing_ids_names_blobs_alike_but_encrypts_apart() {
+        let a = MasterKey::generate();
+        let b = MasterKey::sharing_ids_with(&a);
+        assert!(b.shares_ids_with(&a) && !MasterKey::generate().shares_ids_with(&a));
+        assert_eq!(a.blob_id(b"chunk"), b.blob_id(b"chunk"));
+        assert_eq!(a.chunker_seed(), b.chunker_seed());
+        assert!(b.open(&a.seal(b"secret")).is_err());
     }
 
     #[test]

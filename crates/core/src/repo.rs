@@ -27,6 +27,9 @@ pub struct InitOptions {
     pub pack_size: u64,
     pub kdf: KdfParams,
     pub host: String,
+    /// Name blobs and cut chunks as this key does (`init --copy-chunker-params`), so the
+    /// new repository deduplicates with the one it belongs to.
+    pub ids_from: Option<Arc<MasterKey>>,
 }
 
 impl Default for InitOptions {
@@ -38,6 +41,7 @@ impl Default for InitOptions {
             pack_size: 16 << 20,
             kdf: KdfParams::default(),
             host: String::new(),
+            ids_from: None,
         }
     }
 }
@@ -68,7 +72,10 @@ impl Repository {
         if storage.exists("config")? || !storage.list("keys")?.is_empty() {
             return Err(Error::RepositoryExists { location });
         }
-        let key = MasterKey::generate();
+        let key = match &opts.ids_from {
+            Some(other) => MasterKey::sharing_ids_with(other),
+            None => MasterKey::generate(),
+        };
         let key_file = KeyFile::create(&key, password, opts.kdf, &opts.host).to_bytes();
         storage.write(&KeyId::of_bytes(&key_file).storage_name(), &key_file)?;
         let config = Config {

@@ -89,3 +89,27 @@ pub fn list(repo: &Repository) -> Result<Vec<(String, Option<SessionInfo>)>> {
     }
     Ok(out)
 }
+
+/// Before a long-running writer commits a snapshot: prune may have taken its session for
+/// a crashed one (older than [`STALE_AFTER`]), so make sure every pack its dedup
+/// decisions relied on still exists.
+pub fn confirm_reused_packs(
+    repo: &Repository,
+    session: &Session,
+    reused: &std::collections::HashSet<crate::id::PackId>,
+) -> Result<()> {
+    if session.age() <= STALE_AFTER / 2 {
+        return Ok(());
+    }
+    for pack in reused {
+        if !repo.storage().exists(&pack.storage_name())? {
+            return Err(crate::error::Error::InvalidInput(format!(
+                "This run took {:#}, and pack {} that it builds on was deleted by a prune \
+                 meanwhile; no snapshot was written. Run it again (it reuses what was uploaded)",
+                session.age(),
+                pack.storage_name()
+            )));
+        }
+    }
+    Ok(())
+}

@@ -121,6 +121,19 @@ impl<'r> BlobWriter<'r> {
         self.store(id, kind, data)
     }
 
+    /// Whether the repository has blob `id` (or this writer stores it): then a caller
+    /// that has not read the blob's data yet need not (copy with shared ids).
+    pub fn has(&mut self, id: &BlobId) -> bool {
+        let index = self.repo.index();
+        if index.contains_live(id) {
+            if let Some(loc) = index.get(id) {
+                self.reused_packs.insert(loc.pack);
+            }
+            return true;
+        }
+        self.pending.contains(id)
+    }
+
     /// Stores `data` again even though the index has it (prune's repacking).
     pub fn add_copy(&mut self, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
         let id = self.repo.key().blob_id(data);

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use anyhow::{Context, Result};
 use cairn_core::chunker::ChunkerParams;
 use cairn_core::repo::InitOptions;
@@ -7,12 +9,21 @@ use crate::context;
 
 pub fn run(g: &GlobalArgs, a: InitArgs) -> Result<u8> {
     let d = ChunkerParams::DEFAULT;
-    let chunker = ChunkerParams::new(
-        a.chunk_min.unwrap_or(d.min_size),
-        a.chunk_avg.unwrap_or(d.avg_size),
-        a.chunk_max.unwrap_or(d.max_size),
-    )
-    .context("Invalid --chunk-min/--chunk-avg/--chunk-max")?;
+    let (chunker, ids_from) = if a.copy_chunker_params {
+        let other = context::open_from(&a.from, false)?;
+        (other.chunker_params()?, Some(Arc::clone(other.key())))
+    } else {
+        if a.from.from_repo.is_some() {
+            anyhow::bail!("--from-repo is used with --copy-chunker-params");
+        }
+        let chunker = ChunkerParams::new(
+            a.chunk_min.unwrap_or(d.min_size),
+            a.chunk_avg.unwrap_or(d.avg_size),
+            a.chunk_max.unwrap_or(d.max_size),
+        )
+        .context("Invalid --chunk-min/--chunk-avg/--chunk-max")?;
+        (chunker, None)
+    };
     let pack_size = match a.pack_size {
         Some(size) if !(1 << 20..=1 << 30).contains(&size) => {
             anyhow::bail!("--pack-size must be between 1M and 1G")
@@ -25,6 +36,7 @@ pub fn run(g: &GlobalArgs, a: InitArgs) -> Result<u8> {
         pack_size,
         compression: a.compression.parse().map_err(anyhow::Error::msg)?,
         host: gethostname::gethostname().to_string_lossy().into_owned(),
+        ids_from,
         ..InitOptions::default()
     };
     let repo = context::init(g, &opts)?;

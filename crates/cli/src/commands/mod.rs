@@ -6,6 +6,7 @@ mod browse;
 mod check;
 mod chunk;
 mod config;
+mod copy;
 mod forget;
 mod init;
 mod repair;
@@ -32,5 +33,6 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Prune(a) => forget::prune(g, a.max_unused, a.dry_run),
         Command::Repair(r) => repair::run(g, r),
         Command::Config(c) => config::run(g, c),
+        Command::Copy(a) => copy::run(g, a),
     }
 }

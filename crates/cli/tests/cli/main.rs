@@ -5,6 +5,7 @@ mod backup;
 mod chunk;
 mod common;
 mod config_file;
+mod copy;
 mod damage;
 mod default_repo;
 mod errors;

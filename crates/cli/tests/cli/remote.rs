@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use assert_cmd::Command;
+use serde_json::Value;
 
 use crate::common::*;
 
@@ -33,7 +34,13 @@ fn rand_u64() -> u64 {
 
 /// `cairn -r ADDRESS ...` with what the remote needs from the environment.
 fn remote_cmd(env: &TestEnv, address: &str) -> Command {
-    let mut cmd = env.bare_cmd();
+    let mut cmd = with_remote_env(env.bare_cmd(), address);
+    cmd.arg("-r").arg(address);
+    cmd
+}
+
+/// `cmd` with the credentials and `ssh` setup that reaching `address` needs.
+fn with_remote_env(mut cmd: Command, address: &str) -> Command {
     for var in [
         "AWS_ACCESS_KEY_ID",
         "AWS_SECRET_ACCESS_KEY",
@@ -50,8 +57,26 @@ fn remote_cmd(env: &TestEnv, address: &str) -> Command {
             cmd.env("PATH", format!("{bin}:{path}"));
         }
     }
-    cmd.arg("-r").arg(address);
     cmd
+}
+
+/// Runs `cairn --stats --json ARGS` and returns the requests it counted by kind.
+fn requests(env: &TestEnv, address: &str, args: &[&str]) -> Value {
+    let out = remote_cmd(env, address)
+        .args(["--stats", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert_success(&out, &format!("cairn --stats {args:?}"));
+    let line = stderr(&out)
+        .lines()
+        .rev()
+        .find(|l| l.contains("\"requests\""))
+        .unwrap_or_else(|| panic!("--stats printed request counts: {}", describe(&out)))
+        .to_string();
+    let stats = parse_json(line.as_bytes(), "--stats line");
+    assert_eq!(stats["repository"], address, "{stats}");
+    stats
 }
 
 fn run(env: &TestEnv, address: &str, args: &[&str]) -> std::process::Output {
@@ -84,11 +109,27 @@ fn cycle(address: &str) {
     write_file(&src.join("new.bin"), &random_bytes(500_000, 8));
     let kept = env.path("kept");
     copy_tree(&src, &kept);
-    let out = run(&env, address, &["backup", "--json", src.to_str().unwrap()]);
-    let summary = parse_json(&out.stdout, "backup --json");
+    let stats = requests(&env, address, &["backup", src.to_str().unwrap()]);
+    // About one PUT per pack plus a few (session, index, snapshot), none per blob:
+    // new.bin alone is about eight chunks.
+    let puts = json_u64(&stats["requests"], "put");
+    let packs = json_u64(&stats, "bytes_sent") / 900_000 + 1;
+    assert!(puts <= packs + 4, "{puts} PUTs for {packs} packs: {stats}");
+    let snaps = run(&env, address, &["snapshots", "--json"]);
+    let snaps = parse_json(&snaps.stdout, "snapshots --json");
     assert!(
-        json_u64(&summary, "files_unchanged") > 0,
-        "the second backup used its parent: {summary}"
+        json_u64(&snaps[1]["summary"], "files") > 0 && snaps[1]["parent"] == snaps[0]["id"],
+        "the second backup used its parent: {snaps}"
+    );
+
+    // The local cache: a second `ls` downloads only the config and the key file, no
+    // index, snapshot or tree data.
+    let first_ls = requests(&env, address, &["ls", "latest"]);
+    let second_ls = requests(&env, address, &["ls", "latest"]);
+    assert_eq!(json_u64(&second_ls["requests"], "get"), 2, "{second_ls}");
+    assert!(
+        json_u64(&first_ls["requests"], "get") >= 2,
+        "{first_ls} then {second_ls}"
     );
 
     let check = |what: &str| {
@@ -108,6 +149,37 @@ fn cycle(address: &str) {
         assert_trees_equal(&kept, &restored_path(target, &src), Compare::ALL);
     };
     restore_and_compare(&env.path("restore-1"));
+
+    // Copy into a local repository and back into a new remote one.
+    let password = env.path("password");
+    std::fs::write(&password, format!("{PASSWORD}\n")).unwrap();
+    env.init(&[]);
+    let out = with_remote_env(env.cmd(), address)
+        .args(["copy", "--from-repo", address, "--from-password-file"])
+        .arg(&password)
+        .output()
+        .unwrap();
+    assert_success(&out, "copy from the remote repository");
+    let local = env.path("restore-local");
+    env.restore("latest", &local, &[]);
+    assert_trees_equal(&kept, &restored_path(&local, &src), Compare::ALL);
+    let back = format!("{address}-copy");
+    run(&env, &back, &["init"]);
+    let out = remote_cmd(&env, &back)
+        .args(["copy", "--from-repo"])
+        .arg(&env.repo)
+        .arg("--from-password-file")
+        .arg(&password)
+        .output()
+        .unwrap();
+    assert_success(&out, "copy into a remote repository");
+    let copied = env.path("restore-copied");
+    run(
+        &env,
+        &back,
+        &["restore", "latest", "--target", copied.to_str().unwrap()],
+    );
+    assert_trees_equal(&kept, &restored_path(&copied, &src), Compare::ALL);
 
     let out = run(
         &env,

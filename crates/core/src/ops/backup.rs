@@ -20,7 +20,7 @@ use crate::monitor::Monitor;
 use crate::ops::exclude::Excludes;
 use crate::pack::BlobKind;
 use crate::repo::Repository;
-use crate::session::{Session, STALE_AFTER};
+use crate::session::Session;
 use crate::snapshot::{Snapshot, SnapshotSummary};
 use crate::tree::{ContentRef, Node, NodeKind, Tree};
 use crate::writer::{BlobWriter, WriterReport as Written};
@@ -188,20 +188,7 @@ fn commit(
     // names them, then the snapshot that relies on both.
     repo.write_index(written.packs[written.packs_indexed..].to_vec())?;
     repo.absorb(&written.packs);
-    if session.age() > STALE_AFTER / 2 {
-        // Prune may have taken this session for a crashed one: make sure nothing this
-        // snapshot builds on was deleted meanwhile.
-        for pack in &written.reused_packs {
-            if !repo.storage().exists(&pack.storage_name())? {
-                return Err(Error::InvalidInput(format!(
-                    "This backup ran for {:#}, and pack {} that it builds on was deleted by a prune \
-                     meanwhile; no snapshot was written. Run the backup again (it reuses what was uploaded)",
-                    session.age(),
-                    pack.storage_name()
-                )));
-            }
-        }
-    }
+    crate::session::confirm_reused_packs(repo, &session, &written.reused_packs)?;
     stats.duration_ms = started.elapsed().as_millis() as u64;
     let snapshot = Snapshot {
         time: jiff::Timestamp::now(),

@@ -3,6 +3,7 @@
 pub mod backup;
 pub mod browse;
 pub mod check;
+pub mod copy;
 pub mod exclude;
 pub mod forget;
 pub mod prune;

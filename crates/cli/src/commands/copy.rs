@@ -1,0 +1,54 @@
+use anyhow::{Context, Result};
+use cairn_core::ops::copy::{self, CopyOptions};
+
+use crate::args::{CopyArgs, GlobalArgs};
+use crate::{context, output};
+
+pub fn run(g: &GlobalArgs, a: CopyArgs) -> Result<u8> {
+    let src = context::open_from(&a.from, true)?;
+    let from = src.storage().location();
+    let snapshots = a
+        .snapshots
+        .iter()
+        .map(|spec| src.find_snapshot(spec).map(|(id, _)| id))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("In the repository {from}"))?;
+    let mut dst = context::open_without_index(g)?;
+    let opts = CopyOptions {
+        snapshots,
+        host: gethostname::gethostname().to_string_lossy().into_owned(),
+    };
+    let report = copy::copy(&src, &mut dst, &opts)
+        .with_context(|| format!("Cannot copy from {from} to {}", dst.storage().location()))?;
+    if g.json {
+        output::json(&serde_json::json!({
+            "from": from,
+            "copied": report.copied.iter().map(|(s, d)| serde_json::json!({
+                "source": s.to_hex(), "id": d.to_hex(),
+            })).collect::<Vec<_>>(),
+            "already_present": report.already_present.iter().map(|s| s.to_hex()).collect::<Vec<_>>(),
+            "shared_ids": report.shared_ids,
+            "blobs_read": report.blobs_read,
+            "blobs_added": report.blobs_added,
+            "raw_bytes_added": report.raw_bytes_added,
+            "bytes_added": report.bytes_added,
+            "duration_ms": report.duration_ms,
+        }))?;
+    } else if !g.quiet {
+        for (s, d) in &report.copied {
+            println!("copied snapshot {} as {}", s.short(), d.short());
+        }
+        for s in &report.already_present {
+            println!("snapshot {} is already here", s.short());
+        }
+        println!(
+            "{} snapshots copied, {} already here; {} blobs added ({} stored) in {}",
+            report.copied.len(),
+            report.already_present.len(),
+            report.blobs_added,
+            output::size(report.bytes_added),
+            output::seconds(report.duration_ms),
+        );
+    }
+    Ok(0)
+}
