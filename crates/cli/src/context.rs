@@ -376,6 +376,23 @@ fn create_default_key(key: &Path) -> Result<String> {
     Ok(password)
 }
 
+/// Opens the repository of `--from-repo`, with or without its index.
+pub fn open_from(from: &crate::args::FromRepoArgs, with_index: bool) -> Result<Repository> {
+    let spec = from
+        .from_repo
+        .as_deref()
+        .context("Name the other repository with --from-repo (an address or @NAME)")?;
+    let (file, cmd) = (
+        from.from_password_file.as_deref(),
+        from.from_password_command.as_deref(),
+    );
+    if with_index {
+        open_other(spec, file, cmd)
+    } else {
+        open_other_without_index(spec, file, cmd)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,22 +424,5 @@ mod tests {
         assert_eq!(loc.path, PathBuf::from("sftp://nas/x"));
         assert!(loc.password.is_none() && loc.default_key.is_none());
         assert!(resolve("").is_err());
-    }
-}
-
-/// Opens the repository of `--from-repo`, with or without its index.
-pub fn open_from(from: &crate::args::FromRepoArgs, with_index: bool) -> Result<Repository> {
-    let spec = from
-        .from_repo
-        .as_deref()
-        .context("Name the other repository with --from-repo (an address or @NAME)")?;
-    let (file, cmd) = (
-        from.from_password_file.as_deref(),
-        from.from_password_command.as_deref(),
-    );
-    if with_index {
-        open_other(spec, file, cmd)
-    } else {
-        open_other_without_index(spec, file, cmd)
     }
 }
