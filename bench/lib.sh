@@ -1,0 +1,21 @@
+# Shared by the bench scripts: the Linux 6.1 source tree and a timing wrapper.
+# shellcheck shell=bash
+
+# Unpacks Debian's linux-source-6.1 under $1 (once) and prints the tree's path.
+prepare_linux_tree() {
+  local src=$1/linux-src
+  if [ ! -d "$src/linux-source-6.1" ]; then
+    [ -f /usr/src/linux-source-6.1.tar.xz ] || apt-get install -y linux-source-6.1 >/dev/null
+    mkdir -p "$src" && tar xf /usr/src/linux-source-6.1.tar.xz -C "$src"
+  fi
+  echo "$src"
+}
+
+# Empties the page cache where allowed (root), so reads come from disk.
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+
+# measure NAME CMD...: runs CMD with its stdout discarded and prints wall, CPU and RSS.
+measure() {
+  local name=$1; shift
+  /usr/bin/time -f "$name: %e s wall, %U s user, %S s sys, %M KiB peak RSS" "$@" >/dev/null
+}
