@@ -2,6 +2,7 @@
 //! snapshots, and writing snapshots. How bytes reach the disk is the storage layer's job;
 //! how packs are filled is [`crate::writer`]'s.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use cairn_chunker::ChunkerParams;
@@ -13,8 +14,8 @@ use crate::config::{ChunkerConfig, Config, ConfigError, FORMAT_VERSION};
 use crate::crypto::{KdfParams, KeyFile, KeyFileError, MasterKey};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, KeyId, PackId, SnapshotId};
-use crate::index::{Index, IndexFile, IndexedPack};
-use crate::pack::{self, PackEntry};
+use crate::index::{BlobLocation, Index, IndexFile, IndexedPack};
+use crate::pack::{self, BlobKind, PackEntry};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
 use crate::writer::BlobWriter;
@@ -56,6 +57,9 @@ pub struct Repository {
     index_problems: Vec<Error>,
     /// Local copies of index, snapshot and tree data (set for remote repositories).
     cache: Option<Cache>,
+    /// Tree blobs by pack, built on the first tree the cache misses; reset whenever
+    /// the index changes.
+    tree_packs: std::sync::OnceLock<HashMap<PackId, Vec<(BlobId, BlobLocation)>>>,
 }
 
 /// All readable snapshots, oldest first, and the ones that could not be read.
@@ -100,6 +104,7 @@ impl Repository {
             index: Index::default(),
             index_problems: Vec::new(),
             cache: None,
+            tree_packs: std::sync::OnceLock::new(),
         }
     }
 
@@ -148,6 +153,7 @@ impl Repository {
     ) {
         self.index = Index::default();
         self.index_problems.clear();
+        self.tree_packs = std::sync::OnceLock::new();
         for t in trash {
             self.index.condemn(t.packs.iter().map(|p| p.id));
         }
@@ -173,6 +179,15 @@ impl Repository {
             cache.put_file(name, &bytes);
         }
         Ok(bytes)
+    }
+
+    /// Writes an index or snapshot file, and keeps a copy once it is stored.
+    fn write_cacheable_file(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        self.storage.write(name, bytes)?;
+        if let Some(cache) = &self.cache {
+            cache.put_file(name, bytes);
+        }
+        Ok(())
     }
 
     /// Lists `dir` (`index` or `snapshots`) in storage, and forgets cached files that are
@@ -219,6 +234,7 @@ impl Repository {
 
     /// Adds packs written by this process to the in-memory index.
     pub fn absorb(&mut self, packs: &[IndexedPack]) {
+        self.tree_packs = std::sync::OnceLock::new();
         for p in packs {
             self.index.add_pack(p.id, &p.entries);
         }
@@ -302,15 +318,66 @@ impl Repository {
             return self.read_blob(id);
         };
         let hex = id.to_string();
-        if let (Some(sealed), Some(loc)) = (cache.tree(&hex), self.index.get(id)) {
+        let loc = *self
+            .index
+            .get(id)
+            .ok_or(Error::BlobNotInIndex { id: *id })?;
+        if let Some(sealed) = cache.tree(&hex) {
             match self.unseal_blob(id, &sealed, loc.raw_length as usize) {
                 Ok(plain) => return Ok(plain),
                 Err(_) => cache.remove_tree(&hex),
             }
         }
+        if let Some(plain) = self.cache_tree_pack(cache, id, &loc) {
+            return Ok(plain);
+        }
         let (sealed, plain) = self.read_sealed_blob(id)?;
         cache.put_tree(&hex, &sealed);
         Ok(plain)
+    }
+
+    /// On a cold cache, fetches every tree of `loc.pack` with one request and caches
+    /// them, if the pack holds mostly trees (cairn writes trees into packs of their own);
+    /// returns tree `id`'s plaintext. `None` leaves the caller to fetch the one blob.
+    fn cache_tree_pack(&self, cache: &Cache, id: &BlobId, loc: &BlobLocation) -> Option<Vec<u8>> {
+        let trees = self
+            .tree_packs
+            .get_or_init(|| {
+                let mut packs: HashMap<PackId, Vec<(BlobId, BlobLocation)>> = HashMap::new();
+                for (id, l) in self.index.iter() {
+                    if l.kind == BlobKind::Tree {
+                        packs.entry(l.pack).or_default().push((*id, *l));
+                    }
+                }
+                packs
+            })
+            .get(&loc.pack)?;
+        let start = trees.iter().map(|(_, l)| l.offset).min()? as u64;
+        let end = trees.iter().map(|(_, l)| l.offset + l.length).max()? as u64;
+        let wanted: u64 = trees.iter().map(|(_, l)| l.length as u64).sum();
+        // A pack of data with a few trees in it: fetching the span would mostly be data.
+        if trees.len() < 2 || end - start > 2 * wanted + (64 << 10) {
+            return None;
+        }
+        let span = self
+            .storage
+            .read_range(&loc.pack.storage_name(), start, end - start)
+            .ok()?;
+        let mut found = None;
+        for (tid, l) in trees {
+            let from = (l.offset as u64 - start) as usize;
+            let Some(sealed) = span.get(from..from + l.length as usize) else {
+                continue;
+            };
+            // Damaged trees are left out; the caller's own read reports them.
+            if let Ok(plain) = self.unseal_blob(tid, sealed, l.raw_length as usize) {
+                cache.put_tree(&tid.to_string(), sealed);
+                if tid == id {
+                    found = Some(plain);
+                }
+            }
+        }
+        found
     }
 
     pub fn read_tree(&self, id: &BlobId) -> Result<Tree> {
@@ -372,7 +439,7 @@ impl Repository {
         }
         let bytes = IndexFile::new(packs).seal(&self.key);
         let id = IndexId::of_bytes(&bytes);
-        self.storage.write(&id.storage_name(), &bytes)?;
+        self.write_cacheable_file(&id.storage_name(), &bytes)?;
         Ok(Some(id))
     }
 
@@ -380,7 +447,7 @@ impl Repository {
     pub fn save_snapshot(&self, snapshot: &Snapshot) -> Result<SnapshotId> {
         let bytes = crate::object::seal(&self.key, &snapshot.to_json());
         let id = SnapshotId::of_bytes(&bytes);
-        self.storage.write(&id.storage_name(), &bytes)?;
+        self.write_cacheable_file(&id.storage_name(), &bytes)?;
         Ok(id)
     }
 

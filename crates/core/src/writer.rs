@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use cairn_storage::Storage;
 use crossbeam_channel::{bounded, Receiver, Sender};
 
+use crate::cache::Cache;
 use crate::compress::{self, Compression};
 use crate::crypto::MasterKey;
 use crate::error::{Error, Result};
@@ -84,7 +85,10 @@ impl<'r> BlobWriter<'r> {
         let storage = Arc::clone(repo.storage());
         let key = Arc::clone(repo.key());
         let pack_size = repo.config().pack_size as usize;
-        let packer = std::thread::spawn(move || pack_loop(storage, &key, pack_size, sealed_rx));
+        let cache = repo.cache().cloned();
+        let packer = std::thread::spawn(move || {
+            pack_loop(storage, &key, pack_size, cache.as_ref(), sealed_rx)
+        });
         BlobWriter {
             repo,
             pending: HashSet::new(),
@@ -217,18 +221,31 @@ fn seal_loop(key: &MasterKey, codec: Compression, jobs: Receiver<Job>, out: Send
     }
 }
 
+/// Packs sealed blobs and stores each pack when it is full. Trees go into packs of their
+/// own: a command that needs only trees (ls, find, an incremental backup on a cold
+/// cache) then fetches a few tree packs whole rather than one range per tree.
 fn pack_loop(
     storage: Arc<dyn Storage>,
     key: &MasterKey,
     pack_size: usize,
+    cache: Option<&Cache>,
     blobs: Receiver<Sealed>,
 ) -> Result<WriterReport> {
     let mut report = WriterReport::default();
-    let mut pack = PackWriter::new(pack_size + pack_size / 8);
     let store = |pack: PackWriter, report: &mut WriterReport| -> Result<()> {
         let (id, bytes, entries) = pack.finish(key);
         storage.write(&id.storage_name(), &bytes)?;
         report.stored_bytes_added += bytes.len() as u64;
+        if let Some(cache) = cache {
+            // Only once the pack is stored, so the cache never holds what the
+            // repository lacks.
+            for e in entries.iter().filter(|e| e.kind == BlobKind::Tree) {
+                let (start, end) = (e.offset as usize, (e.offset + e.length) as usize);
+                if let Some(sealed) = bytes.get(start..end) {
+                    cache.put_tree(&e.id.to_string(), sealed);
+                }
+            }
+        }
         report.packs.push(IndexedPack { id, entries });
         if report.packs.len() - report.packs_indexed >= PACKS_PER_INTERIM_INDEX {
             let file = IndexFile::new(report.packs[report.packs_indexed..].to_vec());
@@ -238,15 +255,29 @@ fn pack_loop(
         }
         Ok(())
     };
+    let new_pack = |kind: BlobKind| match kind {
+        BlobKind::Data => PackWriter::new(pack_size + pack_size / 8),
+        // Trees are a small part of a repository: let their buffer grow as needed.
+        BlobKind::Tree => PackWriter::new(0),
+    };
+    let mut data = new_pack(BlobKind::Data);
+    let mut trees = new_pack(BlobKind::Tree);
     for blob in blobs {
+        let pack = match blob.kind {
+            BlobKind::Data => &mut data,
+            BlobKind::Tree => &mut trees,
+        };
         pack.add(blob.id, blob.kind, &blob.sealed, blob.raw_length);
         if pack.len() >= pack_size {
-            let full = std::mem::replace(&mut pack, PackWriter::new(pack_size + pack_size / 8));
+            let full = std::mem::replace(pack, new_pack(blob.kind));
             store(full, &mut report)?;
         }
     }
-    if !pack.is_empty() {
-        store(pack, &mut report)?;
+    // Data before trees, as a crash between the two leaves no tree whose data is missing.
+    for pack in [data, trees] {
+        if !pack.is_empty() {
+            store(pack, &mut report)?;
+        }
     }
     Ok(report)
 }
