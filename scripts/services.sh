@@ -17,14 +17,19 @@ S3_PORT=${CAIRN_TEST_S3_PORT:-39300}
 CLUSTER_PORT=${CAIRN_TEST_S3_CLUSTER_PORT:-$((S3_PORT + 10))}
 SSH_PORT=${CAIRN_TEST_SSH_PORT:-39322}
 
-# wait_for SECONDS WHAT LOG COMMAND...: runs COMMAND every 0.2 s until it succeeds; after
-# SECONDS, fails with a message that points at LOG.
+# wait_for SECONDS WHAT LOG PID COMMAND...: runs COMMAND every 0.2 s until it succeeds;
+# fails with a message that points at LOG after SECONDS, or at once when process PID (the
+# server being waited for) has died.
 wait_for() {
-  local seconds=$1 what=$2 log=$3
-  shift 3
+  local seconds=$1 what=$2 log=$3 pid=$4
+  shift 4
   local i
   for i in $(seq $((seconds * 5))); do
     if "$@" >/dev/null 2>&1; then return 0; fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "$what did not happen: the server exited; see $log" >&2
+      return 1
+    fi
     sleep 0.2
   done
   echo "$what did not happen within ${seconds}s; see $log" >&2
@@ -66,7 +71,7 @@ TOML
   local g="garage -c $dir/garage.toml"
   RUST_LOG=warn $g server >"$dir/server.log" 2>&1 &
   echo $! >"$dir/pid"
-  wait_for 20 "garage (single node) answering" "$dir/server.log" $g status
+  wait_for 20 "garage (single node) answering" "$dir/server.log" "$(cat "$dir/pid")" $g status
   local node
   node=$($g node id -q | cut -d@ -f1)
   $g layout assign -z dc1 -c 1G "$node" >/dev/null
@@ -139,20 +144,20 @@ SH
   done
   local ids=()
   for i in 0 1 2; do
-    wait_for 20 "cluster node $i answering" "$dir/node$i/server.log" \
+    wait_for 20 "cluster node $i answering" "$dir/node$i/server.log" "$(cat "$dir/node$i/pid")" \
       garage -c "$dir/node$i/garage.toml" status
     ids+=("$(garage -c "$dir/node$i/garage.toml" node id -q)")
   done
   $g0 node connect "${ids[1]}" >/dev/null
   $g0 node connect "${ids[2]}" >/dev/null
   local short=("${ids[@]%%@*}")
-  wait_for 20 "all three cluster nodes connected" "$dir/node0/server.log" \
+  wait_for 20 "all three cluster nodes connected" "$dir/node0/server.log" "$(cat "$dir/node0/pid")" \
     bash -c "[ \$($g0 status | sed '/FAILED/,\$d' | grep -cE '^[0-9a-f]{16}') -ge 3 ]"
   $g0 layout assign -z dc1 -c 1G "${short[@]}" >/dev/null
   $g0 layout apply --version 1 >/dev/null
   # Every node must have the layout before it serves requests with quorum.
   for i in 1 2; do
-    wait_for 20 "cluster node $i receiving the layout" "$dir/node$i/server.log" \
+    wait_for 20 "cluster node $i receiving the layout" "$dir/node$i/server.log" "$(cat "$dir/node$i/pid")" \
       bash -c "garage -c $dir/node$i/garage.toml layout show | grep -q 'Current cluster layout version: 1'"
   done
   $g0 bucket create cairn-cluster >/dev/null
@@ -201,8 +206,10 @@ CONF
   printf '#!/bin/sh\nexec %s -F %s "$@"\n' "$(command -v ssh)" "$dir/home/.ssh/config" >"$dir/bin/ssh"
   chmod +x "$dir/bin/ssh"
   mkdir -p /run/sshd
-  /usr/sbin/sshd -f "$dir/sshd_config" -E "$dir/sshd.log"
+  /usr/sbin/sshd -f "$dir/sshd_config" -E "$dir/sshd.log" ||
+    { echo "sshd did not start; see $dir/sshd.log" >&2; return 1; }
   for _ in $(seq 50); do [ -s "$dir/sshd.pid" ] && break; sleep 0.1; done
+  [ -s "$dir/sshd.pid" ] || { echo "sshd wrote no pid file within 5s; see $dir/sshd.log" >&2; return 1; }
   cat >>"$1/env" <<ENV
 export CAIRN_TEST_SSH_BIN=$dir/bin
 export CAIRN_TEST_SFTP="sftp:cairn-test-sftp:$dir/repos"
