@@ -3,7 +3,8 @@
 //!
 //! OpenDAL is async; cairn's core is synchronous, so each store owns a small tokio runtime
 //! and calls OpenDAL's blocking operator. Requests are retried with exponential backoff
-//! and jitter on transient failures, time out, and are limited in number at once.
+//! and jitter on transient failures (6 retries, or `CAIRN_RETRIES`), time out, and are
+//! limited in number at once.
 //! Every request is counted by kind, so `--stats` can show what a command cost.
 //!
 //! Write-once: S3 writes check that the key is free and send `If-None-Match: *`, which
@@ -105,6 +106,25 @@ impl std::fmt::Debug for RemoteStorage {
 /// Concurrent requests per store; enough to keep a pack upload and reads busy.
 const MAX_CONCURRENT_REQUESTS: usize = 16;
 
+/// Retries of a request that failed in a way worth retrying, unless `CAIRN_RETRIES` says
+/// otherwise. With backoff from 200 ms doubling to at most 10 s, 6 retries ride out about
+/// 13 s of trouble; a user on a flaky link may want more, a test that cuts the connection
+/// on purpose fewer.
+const DEFAULT_RETRIES: usize = 6;
+
+fn retries(location: &str) -> Result<usize> {
+    match std::env::var("CAIRN_RETRIES") {
+        Err(_) => Ok(DEFAULT_RETRIES),
+        Ok(v) => v.trim().parse().map_err(|e| StorageError::Remote {
+            op: "connect to",
+            name: String::new(),
+            location: location.to_string(),
+            hint: "CAIRN_RETRIES must be a whole number of retries, such as 6",
+            source: Box::new(e),
+        }),
+    }
+}
+
 impl RemoteStorage {
     pub fn s3(config: &S3Config, location: String) -> Result<Self> {
         let mut b = opendal::services::S3::default()
@@ -160,7 +180,7 @@ impl RemoteStorage {
             .layer(
                 RetryLayer::new()
                     .with_jitter()
-                    .with_max_times(6)
+                    .with_max_times(retries(&location)?)
                     .with_min_delay(Duration::from_millis(200))
                     .with_max_delay(Duration::from_secs(10)),
             )
