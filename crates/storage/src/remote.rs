@@ -217,7 +217,9 @@ impl RemoteStorage {
     fn error(&self, op: &'static str, name: &str, e: opendal::Error) -> StorageError {
         let (name, location) = (name.to_string(), self.location.clone());
         match e.kind() {
-            ErrorKind::NotFound => StorageError::NotFound { name, location },
+            // A write that finds nothing found no bucket or directory to write into, which
+            // is not the missing object the caller would take it for.
+            ErrorKind::NotFound if op != "write" => StorageError::NotFound { name, location },
             ErrorKind::AlreadyExists | ErrorKind::ConditionNotMatch => {
                 StorageError::AlreadyExists { name, location }
             }
@@ -226,6 +228,15 @@ impl RemoteStorage {
                     ErrorKind::PermissionDenied => {
                         "permission denied: check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
                          or the SSH key) and that they may use this bucket or path"
+                    }
+                    ErrorKind::NotFound => {
+                        "the bucket or directory does not exist and could not be created: \
+                         check the path in the repository address and that the server may create it"
+                    }
+                    // OpenDAL reports S3's NoSuchBucket as invalid settings; say which one.
+                    ErrorKind::ConfigInvalid if e.to_string().contains("NoSuchBucket") => {
+                        "the bucket does not exist: check the bucket name in the repository \
+                         address, or create the bucket"
                     }
                     ErrorKind::ConfigInvalid => "the repository address or settings are invalid",
                     ErrorKind::RateLimited => "the server kept refusing requests as too many, even after retries",
