@@ -112,6 +112,9 @@ const MAX_CONCURRENT_REQUESTS: usize = 16;
 /// on purpose fewer.
 const DEFAULT_RETRIES: usize = 6;
 
+/// Whole attempts at an SFTP upload; see [`RemoteStorage::write`].
+const SFTP_WRITE_ATTEMPTS: u32 = 3;
+
 fn retries(location: &str) -> Result<usize> {
     match std::env::var("CAIRN_RETRIES") {
         Err(_) => Ok(DEFAULT_RETRIES),
@@ -371,12 +374,24 @@ impl Storage for RemoteStorage {
             }
             Kind::Sftp => {
                 exists(self)?;
-                let tmp = Self::tmp_name(name);
-                bump(&self.counts.put);
-                if let Err(e) = self.op.write(&tmp, data.to_vec()) {
-                    let _ = self.op.delete(&tmp);
-                    return Err(self.error("write", name, e));
-                }
+                // A connection cut during an upload takes the writer with it, and the
+                // retry layer retries that same writer: whole new attempts, each with a
+                // new temporary name on a connection from the pool, get through.
+                let mut attempts_left = SFTP_WRITE_ATTEMPTS;
+                let tmp = loop {
+                    let tmp = Self::tmp_name(name);
+                    bump(&self.counts.put);
+                    match self.op.write(&tmp, data.to_vec()) {
+                        Ok(_) => break tmp,
+                        Err(e) => {
+                            let _ = self.op.delete(&tmp);
+                            attempts_left -= 1;
+                            if attempts_left == 0 || e.kind() != ErrorKind::Unexpected {
+                                return Err(self.error("write", name, e));
+                            }
+                        }
+                    }
+                };
                 bump(&self.counts.rename);
                 self.op.rename(&tmp, name).map_err(|e| {
                     let _ = self.op.delete(&tmp);
