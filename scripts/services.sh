@@ -223,6 +223,9 @@ stop() {
   for pidfile in "$dir/garage/pid" "$dir"/cluster/node*/pid "$dir/ssh/sshd.pid"; do
     if [ -s "$pidfile" ]; then
       pid=$(cat "$pidfile")
+      # sshd's per-connection processes outlive the listener, and with them the clients'
+      # ssh masters: end them first.
+      if [ "$pidfile" = "$dir/ssh/sshd.pid" ]; then pkill -P "$pid" 2>/dev/null || true; fi
       if kill "$pid" 2>/dev/null; then pids+=("$pid"); fi
     fi
   done
