@@ -3,7 +3,8 @@
 //!
 //! OpenDAL is async; cairn's core is synchronous, so each store owns a small tokio runtime
 //! and calls OpenDAL's blocking operator. Requests are retried with exponential backoff
-//! and jitter on transient failures, time out, and are limited in number at once.
+//! and jitter on transient failures (6 retries, or `CAIRN_RETRIES`), time out, and are
+//! limited in number at once.
 //! Every request is counted by kind, so `--stats` can show what a command cost.
 //!
 //! Write-once: S3 writes check that the key is free and send `If-None-Match: *`, which
@@ -81,6 +82,28 @@ const MAX_CONCURRENT_REQUESTS: usize = 16;
 /// connection, which leaks the `ssh` master (see `ssh_orphans`).
 const MAX_CONCURRENT_SFTP_REQUESTS: usize = 4;
 
+/// Retries of a request that failed in a way worth retrying, unless `CAIRN_RETRIES` says
+/// otherwise. With backoff from 200 ms doubling to at most 10 s, 6 retries ride out about
+/// 13 s of trouble; a user on a flaky link may want more, a test that cuts the connection
+/// on purpose fewer.
+const DEFAULT_RETRIES: usize = 6;
+
+/// Whole attempts at an SFTP upload; see [`RemoteStorage::write`].
+const SFTP_WRITE_ATTEMPTS: u32 = 3;
+
+fn retries(location: &str) -> Result<usize> {
+    match std::env::var("CAIRN_RETRIES") {
+        Err(_) => Ok(DEFAULT_RETRIES),
+        Ok(v) => v.trim().parse().map_err(|e| StorageError::Remote {
+            op: "connect to",
+            name: String::new(),
+            location: location.to_string(),
+            hint: "CAIRN_RETRIES must be a whole number of retries, such as 6",
+            source: Box::new(e),
+        }),
+    }
+}
+
 impl RemoteStorage {
     pub fn s3(config: &S3Config, location: String) -> Result<Self> {
         let mut b = opendal::services::S3::default()
@@ -136,7 +159,7 @@ impl RemoteStorage {
             .layer(
                 RetryLayer::new()
                     .with_jitter()
-                    .with_max_times(6)
+                    .with_max_times(retries(&location)?)
                     .with_min_delay(Duration::from_millis(200))
                     .with_max_delay(Duration::from_secs(10)),
             )
@@ -171,7 +194,9 @@ impl RemoteStorage {
     fn error(&self, op: &'static str, name: &str, e: opendal::Error) -> StorageError {
         let (name, location) = (name.to_string(), self.location.clone());
         match e.kind() {
-            ErrorKind::NotFound => StorageError::NotFound { name, location },
+            // A write that finds nothing found no bucket or directory to write into, which
+            // is not the missing object the caller would take it for.
+            ErrorKind::NotFound if op != "write" => StorageError::NotFound { name, location },
             ErrorKind::AlreadyExists | ErrorKind::ConditionNotMatch => {
                 StorageError::AlreadyExists { name, location }
             }
@@ -180,6 +205,15 @@ impl RemoteStorage {
                     ErrorKind::PermissionDenied => {
                         "permission denied: check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
                          or the SSH key) and that they may use this bucket or path"
+                    }
+                    ErrorKind::NotFound => {
+                        "the bucket or directory does not exist and could not be created: \
+                         check the path in the repository address and that the server may create it"
+                    }
+                    // OpenDAL reports S3's NoSuchBucket as invalid settings; say which one.
+                    ErrorKind::ConfigInvalid if e.to_string().contains("NoSuchBucket") => {
+                        "the bucket does not exist: check the bucket name in the repository \
+                         address, or create the bucket"
                     }
                     ErrorKind::ConfigInvalid => "the repository address or settings are invalid",
                     ErrorKind::RateLimited => "the server kept refusing requests as too many, even after retries",
@@ -327,13 +361,25 @@ impl Storage for RemoteStorage {
             }
             Kind::Sftp => {
                 exists(self)?;
-                let tmp = Self::tmp_name(name);
-                bump(&self.counts.put);
-                add(&self.counts.bytes_sent, data.len());
-                if let Err(e) = self.op.write(&tmp, data.to_vec()) {
-                    let _ = self.op.delete(&tmp);
-                    return Err(self.error("write", name, e));
-                }
+                // A connection cut during an upload takes the writer with it, and the
+                // retry layer retries that same writer: whole new attempts, each with a
+                // new temporary name on a connection from the pool, get through.
+                let mut attempts_left = SFTP_WRITE_ATTEMPTS;
+                let tmp = loop {
+                    let tmp = Self::tmp_name(name);
+                    bump(&self.counts.put);
+                    add(&self.counts.bytes_sent, data.len());
+                    match self.op.write(&tmp, data.to_vec()) {
+                        Ok(_) => break tmp,
+                        Err(e) => {
+                            let _ = self.op.delete(&tmp);
+                            attempts_left -= 1;
+                            if attempts_left == 0 || e.kind() != ErrorKind::Unexpected {
+                                return Err(self.error("write", name, e));
+                            }
+                        }
+                    }
+                };
                 bump(&self.counts.rename);
                 self.op.rename(&tmp, name).map_err(|e| {
                     let _ = self.op.delete(&tmp);

@@ -737,6 +737,14 @@ pub fn files_below(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 /// `cairn -r REPO` as a plain `std::process::Command` with the same isolated environment
 /// as `TestEnv::cmd`, for commands a test spawns, runs side by side, or kills.
 pub fn spawnable(env: &TestEnv) -> std::process::Command {
+    let mut cmd = spawnable_bare(env);
+    cmd.arg("-r").arg(&env.repo);
+    cmd
+}
+
+/// `cairn` as a plain `std::process::Command` in the isolated environment, without a
+/// repository option.
+pub fn spawnable_bare(env: &TestEnv) -> std::process::Command {
     let mut cmd = detached(cairn_bin());
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -746,9 +754,7 @@ pub fn spawnable(env: &TestEnv) -> std::process::Command {
         .env("XDG_CACHE_HOME", env.root.join("home/.cache"))
         .env("LC_ALL", "C.UTF-8")
         .env("CAIRN_PASSWORD", PASSWORD)
-        .current_dir(&env.root)
-        .arg("-r")
-        .arg(&env.repo);
+        .current_dir(&env.root);
     cmd
 }
 

@@ -17,6 +17,8 @@ mod maintenance;
 mod options;
 mod props;
 mod remote;
+mod remote_cluster;
+mod remote_faults;
 mod restore;
 mod trust_concurrency;
 mod trust_crash;

@@ -10,8 +10,20 @@ use serde_json::Value;
 use crate::common::*;
 
 fn address(var: &str) -> Option<String> {
+    unique_address(var, "cycle")
+}
+
+/// A fresh repository address below the server address in `var` (`WHAT-RANDOM`), or
+/// `None` when the servers are not running and not required.
+pub(crate) fn unique_address(var: &str, what: &str) -> Option<String> {
+    server_address(var).map(|v| format!("{v}/{what}-{:016x}", rand_u64()))
+}
+
+/// The value of `var`, set by `scripts/services.sh`; `None` (the test is skipped) when it
+/// is not set, unless `CAIRN_TEST_SERVICES=required`.
+pub(crate) fn server_address(var: &str) -> Option<String> {
     match std::env::var(var) {
-        Ok(v) if !v.is_empty() => Some(format!("{v}/cycle-{:016x}", rand_u64())),
+        Ok(v) if !v.is_empty() => Some(v),
         _ => {
             assert!(
                 std::env::var("CAIRN_TEST_SERVICES").as_deref() != Ok("required"),
@@ -32,32 +44,27 @@ fn rand_u64() -> u64 {
     t ^ (std::process::id() as u64) << 32
 }
 
-/// `cairn -r ADDRESS ...` with what the remote needs from the environment.
-fn remote_cmd(env: &TestEnv, address: &str) -> Command {
-    let mut cmd = with_remote_env(env.bare_cmd(), address);
-    cmd.arg("-r").arg(address);
-    cmd
-}
-
-/// `cmd` with the credentials and `ssh` setup that reaching `address` needs.
-fn with_remote_env(mut cmd: Command, address: &str) -> Command {
+/// What a command needs from the environment to reach `address`: the S3 credentials and
+/// region, and for SFTP an `ssh` on PATH that reads the test server's client config (as a
+/// user's ~/.ssh/config).
+pub(crate) fn remote_vars(address: &str) -> Vec<(String, String)> {
+    let mut vars = Vec::new();
     for var in [
         "AWS_ACCESS_KEY_ID",
         "AWS_SECRET_ACCESS_KEY",
         "AWS_DEFAULT_REGION",
     ] {
         if let Ok(v) = std::env::var(var) {
-            cmd.env(var, v);
+            vars.push((var.to_string(), v));
         }
     }
     if address.starts_with("sftp:") {
-        // `ssh` on PATH reads the test server's client config, as a user's ~/.ssh/config.
         if let Ok(bin) = std::env::var("CAIRN_TEST_SSH_BIN") {
             let path = std::env::var("PATH").unwrap_or_default();
-            cmd.env("PATH", format!("{bin}:{path}"));
+            vars.push(("PATH".to_string(), format!("{bin}:{path}")));
         }
     }
-    cmd
+    vars
 }
 
 /// Runs `cairn --stats --json ARGS` and returns the requests it counted by kind.
@@ -79,7 +86,23 @@ fn requests(env: &TestEnv, address: &str, args: &[&str]) -> Value {
     stats
 }
 
-fn run(env: &TestEnv, address: &str, args: &[&str]) -> std::process::Output {
+/// `cairn -r ADDRESS ...` with what the remote needs from the environment.
+pub(crate) fn remote_cmd(env: &TestEnv, address: &str) -> Command {
+    let mut cmd = env.bare_cmd();
+    cmd.envs(remote_vars(address));
+    cmd.arg("-r").arg(address);
+    cmd
+}
+
+/// `remote_cmd` as a plain `std::process::Command`, for a command a test spawns.
+pub(crate) fn remote_spawnable(env: &TestEnv, address: &str) -> std::process::Command {
+    let mut cmd = spawnable_bare(env);
+    cmd.envs(remote_vars(address));
+    cmd.arg("-r").arg(address);
+    cmd
+}
+
+pub(crate) fn run(env: &TestEnv, address: &str, args: &[&str]) -> std::process::Output {
     let out = remote_cmd(env, address).args(args).output().unwrap();
     assert_success(&out, &format!("cairn -r {address} {args:?}"));
     out
@@ -154,7 +177,9 @@ fn cycle(address: &str) {
     let password = env.path("password");
     std::fs::write(&password, format!("{PASSWORD}\n")).unwrap();
     env.init(&[]);
-    let out = with_remote_env(env.cmd(), address)
+    let out = env
+        .cmd()
+        .envs(remote_vars(address))
         .args(["copy", "--from-repo", address, "--from-password-file"])
         .arg(&password)
         .output()
