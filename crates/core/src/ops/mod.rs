@@ -9,3 +9,4 @@ pub mod forget;
 pub mod prune;
 pub mod repair;
 pub mod restore;
+pub mod select;
