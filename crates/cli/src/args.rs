@@ -94,6 +94,8 @@ pub enum Command {
     Cat(CatArgs),
     /// Restore a snapshot, or part of one, into a directory
     Restore(RestoreArgs),
+    /// Show what changed between two snapshots, or a snapshot and a live directory
+    Diff(DiffArgs),
     /// Show how files are cut into chunks (offset, length, id of each)
     Chunk(ChunkArgs),
     /// Check that every snapshot can be restored; --read-data also verifies the data
@@ -356,6 +358,21 @@ pub struct CatArgs {
     pub snapshot: String,
     /// Absolute path of a file in the snapshot
     pub path: OsString,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The old side: a snapshot (id, unique prefix, `latest`) or a live directory
+    /// (a path with a '/', `.`, or an existing directory that is not a snapshot id)
+    pub old: OsString,
+    /// The new side, as the old one
+    pub new: OsString,
+    /// Compare only below this absolute path (relative: below the current directory
+    /// when a side is a live directory)
+    pub path: Option<OsString>,
+    /// Also print a unified diff of each modified text file (reads both versions)
+    #[arg(long)]
+    pub content: bool,
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,7 @@ mod check;
 mod chunk;
 mod config;
 mod copy;
+mod diff;
 mod forget;
 mod init;
 mod repair;
@@ -27,6 +28,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Ls(a) => browse::ls(g, a),
         Command::Cat(a) => browse::cat(g, a),
         Command::Restore(a) => restore::run(g, a),
+        Command::Diff(a) => diff::run(g, a),
         Command::Chunk(a) => chunk::run(g, a),
         Command::Check(a) => check::run(g, a),
         Command::Forget(a) => forget::run(g, a),

@@ -4,6 +4,7 @@ pub mod backup;
 pub mod browse;
 pub mod check;
 pub mod copy;
+pub mod diff;
 pub mod exclude;
 pub mod forget;
 pub mod prune;
