@@ -10,6 +10,7 @@ mod damage;
 mod default_repo;
 mod diff;
 mod errors;
+mod find;
 mod fixtures;
 mod helpers;
 mod init;

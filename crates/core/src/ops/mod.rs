@@ -6,6 +6,7 @@ pub mod check;
 pub mod copy;
 pub mod diff;
 pub mod exclude;
+pub mod find;
 pub mod forget;
 pub mod prune;
 pub mod repair;
