@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use cairn_core::ops::find::SizeFilter;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -94,6 +95,10 @@ pub enum Command {
     Cat(CatArgs),
     /// Restore a snapshot, or part of one, into a directory
     Restore(RestoreArgs),
+    /// Show what changed between two snapshots, or a snapshot and a live directory
+    Diff(DiffArgs),
+    /// Find files by name or path, with size, time and type filters, in all snapshots
+    Find(FindArgs),
     /// Show how files are cut into chunks (offset, length, id of each)
     Chunk(ChunkArgs),
     /// Check that every snapshot can be restored; --read-data also verifies the data
@@ -359,6 +364,46 @@ pub struct CatArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The old side: a snapshot (id, unique prefix, `latest`) or a live directory
+    /// (a path with a '/', `.`, or an existing directory that is not a snapshot id)
+    pub old: OsString,
+    /// The new side, as the old one
+    pub new: OsString,
+    /// Compare only below this absolute path (relative: below the current directory
+    /// when a side is a live directory)
+    pub path: Option<OsString>,
+    /// Also print a unified diff of each modified text file (reads both versions)
+    #[arg(long)]
+    pub content: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct FindArgs {
+    /// Globs: with a '/', matched against the absolute path (a relative one may start in
+    /// any directory); without, against the name. An entry matches if any glob does
+    #[arg(required = true, value_name = "PATTERN")]
+    pub patterns: Vec<String>,
+    /// Search only this snapshot (id, unique prefix or `latest`; repeatable)
+    #[arg(short, long = "snapshot", value_name = "SNAPSHOT")]
+    pub snapshots: Vec<String>,
+    /// Files larger (+1M), smaller (-10K) or exactly (=4096 or 4096) this size
+    #[arg(long, allow_hyphen_values = true, value_parser = parse_size_filter)]
+    pub size: Option<SizeFilter>,
+    /// Modified after DATE: 2026-03-01, 2026-03-01T12:00:00 (local time), RFC 3339, or
+    /// an age like 7d, 12h, 30m, 2w
+    #[arg(long, value_name = "DATE", value_parser = parse_when)]
+    pub newer: Option<jiff::Timestamp>,
+    /// Modified before DATE (same forms as --newer)
+    #[arg(long, value_name = "DATE", value_parser = parse_when)]
+    pub older: Option<jiff::Timestamp>,
+    /// Only entries of this type: f (file), d (dir), l (symlink), p (fifo), s (socket),
+    /// c (char device), b (block device); repeatable
+    #[arg(short = 't', long = "type", value_name = "TYPE", value_parser = parse_type)]
+    pub types: Vec<&'static str>,
+}
+
+#[derive(Debug, Args)]
 pub struct RestoreArgs {
     /// SNAPSHOT or SNAPSHOT:SUBPATH (then SUBPATH's contents land in the target)
     pub snapshot: OsString,
@@ -412,9 +457,112 @@ pub fn parse_size(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
+/// `+1M` (larger), `-10K` (smaller), `=4096` or `4096` (exactly), binary units.
+pub fn parse_size_filter(s: &str) -> Result<SizeFilter, String> {
+    let (make, rest): (fn(u64) -> SizeFilter, &str) = match s.as_bytes().first() {
+        Some(b'+') => (SizeFilter::Larger, &s[1..]),
+        Some(b'-') => (SizeFilter::Smaller, &s[1..]),
+        Some(b'=') => (SizeFilter::Exactly, &s[1..]),
+        _ => (SizeFilter::Exactly, s),
+    };
+    let t = rest.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like +1M, -10K or =4096"))?;
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M, G or T)")),
+    };
+    n.checked_mul(mult)
+        .map(make)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// A point in time: a date or date and time in the local time zone, an RFC 3339
+/// timestamp, or an age before now (`7d`, `12h`, `30m`, `45s`, `2w`).
+pub fn parse_when(s: &str) -> Result<jiff::Timestamp, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    if !num.is_empty() && matches!(unit, "s" | "m" | "h" | "d" | "w") {
+        let n: i64 = num.parse().map_err(|_| format!("{s:?}: age too large"))?;
+        let unit_secs = match unit {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            "d" => 86_400,
+            _ => 7 * 86_400,
+        };
+        let secs = n
+            .checked_mul(unit_secs)
+            .ok_or_else(|| format!("{s:?}: age too large"))?;
+        return jiff::Timestamp::now()
+            .checked_sub(jiff::SignedDuration::from_secs(secs))
+            .map_err(|e| format!("{s:?}: {e}"));
+    }
+    if let Ok(ts) = t.parse::<jiff::Timestamp>() {
+        return Ok(ts);
+    }
+    let local = jiff::tz::TimeZone::system();
+    if let Ok(dt) = t.parse::<jiff::civil::DateTime>() {
+        return dt
+            .to_zoned(local)
+            .map(|z| z.timestamp())
+            .map_err(|e| format!("{s:?}: {e}"));
+    }
+    Err(format!(
+        "{s:?} is not a date like 2026-03-01, 2026-03-01T12:00:00 or an age like 7d"
+    ))
+}
+
+/// find(1)'s type letters, or cairn's type names, to cairn's type names.
+pub fn parse_type(s: &str) -> Result<&'static str, String> {
+    Ok(match s {
+        "f" | "file" => "file",
+        "d" | "dir" => "dir",
+        "l" | "symlink" => "symlink",
+        "p" | "fifo" => "fifo",
+        "s" | "socket" => "socket",
+        "c" | "chardev" => "chardev",
+        "b" | "blockdev" => "blockdev",
+        _ => return Err(format!("{s:?} is not a type: use f, d, l, p, s, c or b")),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn size_filters_parse_like_find() {
+        assert_eq!(parse_size_filter("+1M"), Ok(SizeFilter::Larger(1 << 20)));
+        assert_eq!(parse_size_filter("-10K"), Ok(SizeFilter::Smaller(10 << 10)));
+        assert_eq!(parse_size_filter("=5"), Ok(SizeFilter::Exactly(5)));
+        assert_eq!(parse_size_filter("5"), Ok(SizeFilter::Exactly(5)));
+        assert!(parse_size_filter("+1X").is_err());
+        assert!(parse_size_filter("+").is_err());
+    }
+
+    #[test]
+    fn times_parse_as_dates_timestamps_and_ages() {
+        let day = parse_when("2026-03-01").unwrap();
+        let noon = parse_when("2026-03-01T12:00:00").unwrap();
+        assert_eq!(noon.as_second() - day.as_second(), 12 * 3600);
+        assert_eq!(
+            parse_when("2026-03-01T00:00:00Z").unwrap().as_second(),
+            1_772_323_200
+        );
+        let week = parse_when("7d").unwrap();
+        let age = jiff::Timestamp::now().as_second() - week.as_second();
+        assert!((7 * 86_400..7 * 86_400 + 60).contains(&age), "{age}");
+        assert!(parse_when("yesterday").is_err());
+    }
 
     #[test]
     fn sizes_parse_with_binary_units() {

@@ -63,6 +63,27 @@ pub enum Error {
     #[error("Path {path} is not in snapshot {snapshot}")]
     PathNotFound { path: String, snapshot: String },
 
+    /// A path the user named is missing; `nearest` holds the closest names in the deepest
+    /// directory of the path that does exist.
+    #[error(
+        "Path {path} is not in snapshot {snapshot}{}",
+        near_names(dir, nearest)
+    )]
+    PathNotFoundNear {
+        path: String,
+        snapshot: String,
+        dir: String,
+        nearest: Vec<String>,
+    },
+
+    /// A snapshot the user named is missing; `existing` describes the closest ones.
+    #[error("No snapshot matches {spec:?}; {}", existing_snapshots(existing))]
+    SnapshotNotFoundAmong { spec: String, existing: Vec<String> },
+
+    /// A glob pattern the user typed does not parse.
+    #[error("Pattern {pattern:?} does not parse: {reason}")]
+    BadPattern { pattern: String, reason: String },
+
     #[error("{path} in the snapshot is not a regular file")]
     NotAFile { path: String },
 
@@ -101,6 +122,22 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+fn near_names(dir: &str, nearest: &[String]) -> String {
+    if nearest.is_empty() {
+        format!("; {dir} has no entries")
+    } else {
+        format!("; closest names in {dir}: {}", nearest.join(", "))
+    }
+}
+
+fn existing_snapshots(existing: &[String]) -> String {
+    if existing.is_empty() {
+        "the repository has no snapshots yet".into()
+    } else {
+        format!("existing snapshots: {}", existing.join(", "))
+    }
 }
 
 impl Error {

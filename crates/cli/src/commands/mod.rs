@@ -7,6 +7,8 @@ mod check;
 mod chunk;
 mod config;
 mod copy;
+mod diff;
+mod find;
 mod forget;
 mod init;
 mod repair;
@@ -27,6 +29,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Ls(a) => browse::ls(g, a),
         Command::Cat(a) => browse::cat(g, a),
         Command::Restore(a) => restore::run(g, a),
+        Command::Diff(a) => diff::run(g, a),
+        Command::Find(a) => find::run(g, a),
         Command::Chunk(a) => chunk::run(g, a),
         Command::Check(a) => check::run(g, a),
         Command::Forget(a) => forget::run(g, a),
