@@ -11,6 +11,7 @@ mod default_repo;
 mod errors;
 mod fixtures;
 mod helpers;
+mod ignore_files;
 mod init;
 mod inspect;
 mod maintenance;

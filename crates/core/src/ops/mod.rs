@@ -6,6 +6,7 @@ pub mod check;
 pub mod copy;
 pub mod exclude;
 pub mod forget;
+pub mod ignore_files;
 pub mod prune;
 pub mod repair;
 pub mod restore;
