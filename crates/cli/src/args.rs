@@ -380,14 +380,29 @@ pub struct RestoreArgs {
     /// Re-read every restored file and check it
     #[arg(long)]
     pub verify: bool,
-    /// Restore into a non-empty target: `always` replaces existing files, `never` keeps them
+    /// Restore into a non-empty target: `always` replaces existing files, `if-changed`
+    /// those whose size or mtime differ (with --verify: or contents; use it to resume an
+    /// interrupted restore), `if-newer` those older than the snapshot's, `never` none
     #[arg(long, value_name = "MODE")]
     pub overwrite: Option<OverwriteArg>,
+    /// Restore only what matches GLOB (a name anywhere, or an absolute path in the
+    /// snapshot if it has a '/'), with the directories above it (repeatable)
+    #[arg(short = 'i', long = "include", value_name = "GLOB")]
+    pub includes: Vec<String>,
+    /// Do not restore what matches GLOB; an excluded directory is skipped whole (repeatable)
+    #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
+    pub excludes: Vec<String>,
+    /// Make the target match: remove what the snapshot (as filtered) does not hold, in
+    /// the directories restored; implies --overwrite if-changed unless one is given
+    #[arg(long)]
+    pub delete: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum OverwriteArg {
     Always,
+    IfChanged,
+    IfNewer,
     Never,
 }
 

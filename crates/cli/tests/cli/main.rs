@@ -19,6 +19,7 @@ mod options;
 mod props;
 mod remote;
 mod restore;
+mod restore_filters;
 mod trust_concurrency;
 mod trust_crash;
 mod trust_damage;

@@ -10,3 +10,4 @@ pub mod ignore_files;
 pub mod prune;
 pub mod repair;
 pub mod restore;
+pub mod restore_filter;
