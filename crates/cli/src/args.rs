@@ -321,6 +321,18 @@ pub struct BackupArgs {
     /// Read exclude patterns from FILE, one per line
     #[arg(long = "exclude-file", value_name = "FILE")]
     pub exclude_files: Vec<PathBuf>,
+    /// Also honour .gitignore files (.cairnignore files are always honoured)
+    #[arg(long)]
+    pub git_ignore: bool,
+    /// Leave out a directory that holds a file named FILE (repeatable)
+    #[arg(long = "exclude-if-present", value_name = "FILE")]
+    pub exclude_if_present: Vec<OsString>,
+    /// Leave out directories holding a CACHEDIR.TAG with the standard signature
+    #[arg(long)]
+    pub exclude_caches: bool,
+    /// Leave out files larger than SIZE (e.g. 100M)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+    pub exclude_larger_than: Option<u64>,
     /// Tag the snapshot (repeatable)
     #[arg(long = "tag")]
     pub tags: Vec<String>,
@@ -413,14 +425,29 @@ pub struct RestoreArgs {
     /// Re-read every restored file and check it
     #[arg(long)]
     pub verify: bool,
-    /// Restore into a non-empty target: `always` replaces existing files, `never` keeps them
+    /// Restore into a non-empty target: `always` replaces existing files, `if-changed`
+    /// those whose size or mtime differ (with --verify: or contents; use it to resume an
+    /// interrupted restore), `if-newer` those older than the snapshot's, `never` none
     #[arg(long, value_name = "MODE")]
     pub overwrite: Option<OverwriteArg>,
+    /// Restore only what matches GLOB (a name anywhere, or an absolute path in the
+    /// snapshot if it has a '/'), with the directories above it (repeatable)
+    #[arg(short = 'i', long = "include", value_name = "GLOB")]
+    pub includes: Vec<String>,
+    /// Do not restore what matches GLOB; an excluded directory is skipped whole (repeatable)
+    #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
+    pub excludes: Vec<String>,
+    /// Make the target match: remove what the snapshot (as filtered) does not hold, in
+    /// the directories restored; implies --overwrite if-changed unless one is given
+    #[arg(long)]
+    pub delete: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum OverwriteArg {
     Always,
+    IfChanged,
+    IfNewer,
     Never,
 }
 
@@ -437,8 +464,13 @@ pub struct ChunkArgs {
     pub max: Option<u32>,
 }
 
-/// `4096`, `64K`, `1M`, `1MiB`, `2G`: binary units.
+/// `4096`, `64K`, `1M`, `1MiB`, `2G`: binary units, up to 4 GiB - 1.
 pub fn parse_size(s: &str) -> Result<u32, String> {
+    u32::try_from(parse_size_u64(s)?).map_err(|_| format!("{s:?} is too large"))
+}
+
+/// Like `parse_size`, with `T` too, for sizes of files rather than of chunks.
+pub fn parse_size_u64(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -450,10 +482,10 @@ pub fn parse_size(s: &str) -> Result<u32, String> {
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M or G)")),
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M, G or T)")),
     };
     n.checked_mul(mult)
-        .and_then(|v| u32::try_from(v).ok())
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 

@@ -94,6 +94,17 @@ pub enum Error {
     )]
     TargetNotEmpty { target: PathBuf },
 
+    #[error(
+        "Pattern {pattern:?} on line {line} of {} does not parse: {reason}; fix or remove it",
+        file.display()
+    )]
+    IgnorePattern {
+        file: PathBuf,
+        line: u64,
+        pattern: String,
+        reason: String,
+    },
+
     #[error("{}", path.display())]
     Io {
         path: PathBuf,

@@ -32,6 +32,10 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
         one_file_system: a.one_file_system,
         parent,
         force: a.force,
+        ignore_files: ignore_file_names(a.git_ignore),
+        exclude_if_present: a.exclude_if_present.clone(),
+        exclude_caches: a.exclude_caches,
+        exclude_larger_than: a.exclude_larger_than,
     };
     let report = if a.stdin {
         let name = a
@@ -52,6 +56,16 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
     } else {
         EXIT_PARTIAL
     })
+}
+
+/// `.cairnignore` last, so that its patterns win over `.gitignore`'s in one directory.
+fn ignore_file_names(git_ignore: bool) -> Vec<std::ffi::OsString> {
+    let mut names = Vec::new();
+    if git_ignore {
+        names.push(".gitignore".into());
+    }
+    names.push(".cairnignore".into());
+    names
 }
 
 fn print(g: &GlobalArgs, r: &BackupReport) -> Result<()> {

@@ -23,11 +23,20 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         target: a.target.clone(),
         subpath,
         verify: a.verify,
-        overwrite: a.overwrite.map(|o| match o {
-            OverwriteArg::Always => Overwrite::Always,
-            OverwriteArg::Never => Overwrite::Never,
-        }),
+        overwrite: match a.overwrite {
+            Some(OverwriteArg::Always) => Some(Overwrite::Always),
+            Some(OverwriteArg::IfChanged) => Some(Overwrite::IfChanged),
+            Some(OverwriteArg::IfNewer) => Some(Overwrite::IfNewer),
+            Some(OverwriteArg::Never) => Some(Overwrite::Never),
+            // --delete means "make the target match", which only makes sense over an
+            // existing target; rewriting files that already match would be waste.
+            None if a.delete => Some(Overwrite::IfChanged),
+            None => None,
+        },
         owners: nix_is_root(),
+        includes: a.includes.clone(),
+        excludes: a.excludes.clone(),
+        delete: a.delete,
     };
     let stats = restore::restore(&repo, &snapshot, &opts, &StderrMonitor::new(g))?;
     if g.json {
@@ -36,14 +45,17 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         output::json(&v)?;
     } else if !g.quiet {
         println!(
-            "Restored snapshot {} to {}: {} files ({}), {} dirs, {} links and special files{}{} in {}",
+            "Restored snapshot {} to {}: {} files written ({}), {} dirs, {} links and special files{}{}{}{}{} in {}",
             id.short(),
             a.target.display(),
             stats.files_restored,
             output::size(stats.bytes_restored),
             stats.dirs_restored,
             stats.others_restored + stats.hardlinks_restored,
+            if stats.unchanged > 0 { format!(", {} unchanged", stats.unchanged) } else { String::new() },
             if stats.files_skipped > 0 { format!(", {} existing kept", stats.files_skipped) } else { String::new() },
+            if a.delete { format!(", {} deleted", stats.deleted) } else { String::new() },
+            if stats.temp_files_removed > 0 { format!(", {} leftover temporary files removed", stats.temp_files_removed) } else { String::new() },
             if a.verify { format!(", {} verified", stats.files_verified) } else { String::new() },
             output::seconds(stats.duration_ms),
         );

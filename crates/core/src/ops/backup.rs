@@ -3,6 +3,7 @@
 //! to the writer, store trees bottom-up, then the index, then the snapshot, last.
 
 use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsString;
 use std::fs::{File, Metadata};
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -18,6 +19,7 @@ use crate::fsmeta::{self, NameCache};
 use crate::id::{BlobId, PackId, SnapshotId};
 use crate::monitor::Monitor;
 use crate::ops::exclude::Excludes;
+use crate::ops::ignore_files::{self, IgnoreStack};
 use crate::pack::BlobKind;
 use crate::repo::Repository;
 use crate::session::Session;
@@ -39,6 +41,15 @@ pub struct BackupOptions {
     pub parent: Option<SnapshotId>,
     /// Read every file even when its metadata says it is unchanged.
     pub force: bool,
+    /// Names of per-directory ignore files in gitignore syntax, in increasing precedence
+    /// (the CLI passes `.gitignore` with `--git-ignore`, then `.cairnignore`).
+    pub ignore_files: Vec<OsString>,
+    /// Leave out a directory that holds a file of one of these names.
+    pub exclude_if_present: Vec<OsString>,
+    /// Leave out directories tagged with a valid `CACHEDIR.TAG`.
+    pub exclude_caches: bool,
+    /// Leave out files larger than this many bytes.
+    pub exclude_larger_than: Option<u64>,
 }
 
 /// A path that could not be backed up, and why.
@@ -320,6 +331,8 @@ struct Archiver<'r, 'o> {
     chunk_buf: Vec<u8>,
     /// Packs holding the chunks of unchanged files, which this snapshot builds on.
     reused_packs: HashSet<PackId>,
+    /// Ignore-file matchers of the directories being walked.
+    ignores: IgnoreStack,
 }
 
 impl<'r, 'o> Archiver<'r, 'o> {
@@ -342,6 +355,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
             root_device: 0,
             chunk_buf: Vec::new(),
             reused_packs: HashSet::new(),
+            ignores: IgnoreStack::default(),
         })
     }
 
@@ -443,7 +457,9 @@ impl<'r, 'o> Archiver<'r, 'o> {
     ) -> Result<Option<Node>> {
         let ft = md.file_type();
         let kind = if ft.is_dir() {
-            if self.opts.one_file_system && md.dev() != self.root_device {
+            if (self.opts.one_file_system && md.dev() != self.root_device)
+                || self.is_tagged_dir(path)
+            {
                 self.stats.excluded += 1;
                 return Ok(None);
             }
@@ -452,6 +468,14 @@ impl<'r, 'o> Archiver<'r, 'o> {
             self.stats.dirs += 1;
             NodeKind::Dir { subtree }
         } else if ft.is_file() {
+            if self
+                .opts
+                .exclude_larger_than
+                .is_some_and(|max| md.len() > max)
+            {
+                self.stats.excluded += 1;
+                return Ok(None);
+            }
             match self.save_file(path, &md, parent)? {
                 Some(kind) => kind,
                 None => return Ok(None),
@@ -498,6 +522,39 @@ impl<'r, 'o> Archiver<'r, 'o> {
             Err(e) => self.problem(dir, &format!("directory not read, saved empty: {e}")),
         }
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let present = |n: &std::ffi::OsStr| {
+            entries
+                .binary_search_by(|e| e.0.as_slice().cmp(n.as_bytes()))
+                .is_ok()
+        };
+        let (pushed, unreadable) = self
+            .ignores
+            .push_dir(dir, &self.opts.ignore_files, present)?;
+        for (file, e) in unreadable {
+            self.problem(&file, &format!("ignore file not read, not applied: {e}"));
+        }
+        let nodes = self.save_entries(entries, parent);
+        if pushed {
+            self.ignores.pop();
+        }
+        let nodes = nodes?;
+        self.save_tree(Tree { nodes })
+    }
+
+    /// Whether a directory is left out by `--exclude-if-present` or `--exclude-caches`.
+    fn is_tagged_dir(&self, dir: &Path) -> bool {
+        self.opts
+            .exclude_if_present
+            .iter()
+            .any(|name| std::fs::symlink_metadata(dir.join(name)).is_ok())
+            || (self.opts.exclude_caches && ignore_files::has_cachedir_tag(dir))
+    }
+
+    fn save_entries(
+        &mut self,
+        entries: Vec<(Vec<u8>, PathBuf)>,
+        parent: Option<&Tree>,
+    ) -> Result<Vec<Node>> {
         let mut nodes = Vec::with_capacity(entries.len());
         for (name, path) in entries {
             if self.monitor.cancelled() {
@@ -510,7 +567,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
                     continue;
                 }
             };
-            if self.excludes.matches(&path) {
+            if self.excludes.matches(&path) || self.ignores.is_ignored(&path, md.is_dir()) {
                 self.stats.excluded += 1;
                 continue;
             }
@@ -519,7 +576,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
                 nodes.push(node);
             }
         }
-        self.save_tree(Tree { nodes })
+        Ok(nodes)
     }
 
     /// A file's node kind, reusing the parent's chunk list when its metadata is unchanged.

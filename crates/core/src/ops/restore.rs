@@ -2,12 +2,20 @@
 //! and metadata. Two promises: nothing is written outside the target, whatever names the
 //! snapshot holds, and no restored file ever holds wrong bytes (each file is written under
 //! a temporary name from verified blobs and renamed into place only when complete).
+//!
+//! Into an existing target, `Overwrite::IfChanged` makes a restore resumable: a file whose
+//! size and mtime already match the snapshot (and, with `verify`, whose contents cut and
+//! hash to the snapshot's chunk ids) is left as it is, and the temporary files an
+//! interrupted run left behind are removed. `delete` removes what the selection does not
+//! hold, never following a symlink (directories are entered only after `lstat` says they
+//! are directories, and `remove_dir_all` does not follow links).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -19,6 +27,7 @@ use crate::id::BlobId;
 use crate::monitor::Monitor;
 use crate::ops::backup::SourceProblem;
 use crate::ops::browse::{self, Entry};
+use crate::ops::restore_filter::{child_path, RestoreFilter, Selection};
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{is_safe_name, Node, NodeKind};
@@ -26,21 +35,38 @@ use crate::tree::{is_safe_name, Node, NodeKind};
 /// What to do with files that already exist in the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overwrite {
+    /// Replace every existing entry.
     Always,
+    /// Replace a file only when its size or mtime differ from the snapshot's (or, with
+    /// `verify`, its contents); other entries when their type or link target differ.
+    IfChanged,
+    /// Replace a file only when the snapshot's mtime is newer than the file's.
+    IfNewer,
+    /// Keep every existing entry.
     Never,
 }
 
+/// What to restore and how. Plain data: the CLI fills it from its flags.
 #[derive(Debug, Clone, Default)]
 pub struct RestoreOptions {
     pub target: PathBuf,
-    /// Restore only this path of the snapshot; its contents land directly in `target`.
+    /// Restore only this path of the snapshot; a directory's contents land directly in
+    /// `target`, a file lands in `target` under its name.
     pub subpath: Option<Vec<u8>>,
-    /// Re-read every restored file and check it against what was written.
+    /// Re-read every restored file and check it against what was written; with
+    /// `Overwrite::IfChanged`, also read existing files to decide whether they changed.
     pub verify: bool,
     /// `None` refuses a target that is not empty.
     pub overwrite: Option<Overwrite>,
     /// Restore owners (needs root).
     pub owners: bool,
+    /// Glob patterns selecting what to restore (see `restore_filter`); empty: everything.
+    pub includes: Vec<String>,
+    /// Glob patterns of what not to restore.
+    pub excludes: Vec<String>,
+    /// Remove entries of the target's restored directories that the snapshot does not
+    /// hold and the filters select.
+    pub delete: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -50,8 +76,14 @@ pub struct RestoreStats {
     pub others_restored: u64,
     pub hardlinks_restored: u64,
     pub bytes_restored: u64,
-    /// Existing files left alone (`--overwrite never`).
+    /// Existing files left alone (`--overwrite never`, or not older with `if-newer`).
     pub files_skipped: u64,
+    /// Existing entries left alone because they already match the snapshot.
+    pub unchanged: u64,
+    /// Files, links and directories removed from the target by `delete`.
+    pub deleted: u64,
+    /// Temporary files of an interrupted restore that were removed.
+    pub temp_files_removed: u64,
     /// Sockets are not restored: the program that made one makes it again.
     pub sockets_skipped: u64,
     pub files_verified: u64,
@@ -66,54 +98,96 @@ pub fn restore(
     monitor: &dyn Monitor,
 ) -> Result<RestoreStats> {
     let started = Instant::now();
-    let start = browse::find(repo, snapshot, opts.subpath.as_deref().unwrap_or(b"/"))?;
-    prepare_target(&opts.target, opts.overwrite.is_some())?;
+    let filter = RestoreFilter::new(&opts.includes, &opts.excludes)?;
+    let subpath = opts.subpath.as_deref().unwrap_or(b"/");
+    let start = browse::find(repo, snapshot, subpath)?;
+    // The snapshot path of the start, for path patterns: `/a/b` however it was typed.
+    let start_path: Vec<u8> = browse::path_names(subpath)
+        .iter()
+        .fold(Vec::new(), |p, n| child_path(&p, n));
+    match &start {
+        Entry::Root(tree) => filter.check_all_match(repo, Some(tree), None)?,
+        Entry::Node(node) => filter.check_all_match(repo, None, Some((node, &start_path)))?,
+    }
+    let existed = prepare_target(&opts.target, opts.overwrite.is_some())?;
     let mut r = Restorer {
         repo,
         opts,
         monitor,
+        filter,
         stats: RestoreStats::default(),
         links: HashMap::new(),
+        pending: Vec::new(),
     };
     match start {
-        Entry::Root(tree) => r.restore_tree(&tree, &opts.target)?,
+        Entry::Root(tree) => r.restore_tree(&tree, &opts.target, &start_path, false, existed)?,
         Entry::Node(Node {
             kind: NodeKind::Dir { subtree },
             ..
-        }) => r.restore_tree(&subtree, &opts.target)?,
+        }) => r.restore_tree(&subtree, &opts.target, &start_path, false, existed)?,
         Entry::Node(node) => {
-            let path = opts.target.join(std::ffi::OsStr::from_bytes(&node.name));
-            r.restore_node(&node, &path)?;
+            if r.filter.select(&start_path, false, false) == Selection::All {
+                let path = opts.target.join(std::ffi::OsStr::from_bytes(&node.name));
+                r.restore_node(&node, &path, &start_path, true)?;
+            }
         }
     }
     r.stats.duration_ms = started.elapsed().as_millis() as u64;
     Ok(r.stats)
 }
 
-fn prepare_target(target: &Path, may_overwrite: bool) -> Result<()> {
+/// Creates the target if needed; returns whether it was there and not empty.
+fn prepare_target(target: &Path, may_overwrite: bool) -> Result<bool> {
     match fs::read_dir(target) {
         Ok(mut entries) => {
-            if entries.next().is_some() && !may_overwrite {
+            let has_entries = entries.next().is_some();
+            if has_entries && !may_overwrite {
                 return Err(Error::TargetNotEmpty {
                     target: target.to_path_buf(),
                 });
             }
-            Ok(())
+            Ok(has_entries)
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            fs::create_dir_all(target).map_err(|e| Error::io(target, e))
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(target)
+            .map(|_| false)
+            .map_err(|e| Error::io(target, e)),
         Err(e) => Err(Error::io(target, e)),
     }
+}
+
+/// Whether `name` is one of restore's temporary files (`.cairn-restore-` and 16 hex).
+fn is_temp_name(name: &[u8]) -> bool {
+    name.strip_prefix(b".cairn-restore-")
+        .is_some_and(|h| h.len() == 16 && h.iter().all(u8::is_ascii_hexdigit))
+}
+
+/// What `Restorer::clear` found at a path.
+enum Existing {
+    /// Nothing there (any more): write the entry.
+    Go,
+    /// An entry that already matches the snapshot: keep it.
+    Unchanged,
+    /// An entry the overwrite mode keeps.
+    Keep,
+}
+
+/// A directory entered because it may hold selected entries, created on first need.
+struct PendingDir {
+    path: PathBuf,
+    created: bool,
+    existed: bool,
 }
 
 struct Restorer<'a> {
     repo: &'a Repository,
     opts: &'a RestoreOptions,
     monitor: &'a dyn Monitor,
+    filter: RestoreFilter,
     stats: RestoreStats,
     /// (device, inode) at backup time → first restored path, to recreate hard links.
     links: HashMap<(u64, u64), PathBuf>,
+    /// Directories above the current entry that only the filter's search entered.
+    pending: Vec<PendingDir>,
 }
 
 impl Restorer<'_> {
@@ -125,7 +199,17 @@ impl Restorer<'_> {
         });
     }
 
-    fn restore_tree(&mut self, tree: &BlobId, dir: &Path) -> Result<()> {
+    /// Restores the entries of `tree` into `dir` (snapshot path `snap`); `inside` when
+    /// the filter selected `dir` whole, `existed` when `dir` was already there (then it is
+    /// cleaned of temporary files and, with `delete`, of what the snapshot lacks).
+    fn restore_tree(
+        &mut self,
+        tree: &BlobId,
+        dir: &Path,
+        snap: &[u8],
+        inside: bool,
+        existed: bool,
+    ) -> Result<()> {
         let tree = match self.repo.read_tree(tree) {
             Ok(t) => t,
             Err(e) => {
@@ -149,23 +233,149 @@ impl Restorer<'_> {
                 continue;
             }
             let path = dir.join(std::ffi::OsStr::from_bytes(&node.name));
-            self.restore_node(node, &path)?;
+            let node_snap = child_path(snap, &node.name);
+            let is_dir = matches!(node.kind, NodeKind::Dir { .. });
+            match self.filter.select(&node_snap, is_dir, inside) {
+                Selection::Skip => {}
+                Selection::All => self.restore_node(node, &path, &node_snap, true)?,
+                Selection::Search => self.restore_node(node, &path, &node_snap, false)?,
+            }
+        }
+        if existed {
+            let names: HashSet<&[u8]> = tree.nodes.iter().map(|n| n.name.as_slice()).collect();
+            self.clean_dir(dir, snap, inside, &names);
         }
         Ok(())
     }
 
-    /// Restores one node; problems with it are reported and skipped.
-    fn restore_node(&mut self, node: &Node, path: &Path) -> Result<()> {
+    /// Removes leftover temporary files from `dir` and, with `delete`, the entries the
+    /// snapshot does not hold but the filter selects. Problems are reported, not fatal.
+    fn clean_dir(&mut self, dir: &Path, snap: &[u8], inside: bool, names: &HashSet<&[u8]>) {
+        let entries = match fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) => {
+                self.problem(dir, &format!("not cleaned up: {e}"));
+                return;
+            }
+        };
+        for entry in entries {
+            let entry = match entry {
+                Ok(e) => e,
+                Err(e) => {
+                    self.problem(dir, &format!("listing incomplete, not cleaned up: {e}"));
+                    continue;
+                }
+            };
+            let name = entry.file_name();
+            let name = name.as_bytes();
+            if names.contains(name) {
+                continue;
+            }
+            let path = entry.path();
+            // lstat: a symlink is removed itself, never followed.
+            let Ok(md) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if is_temp_name(name) && md.is_file() {
+                match fs::remove_file(&path) {
+                    Ok(()) => self.stats.temp_files_removed += 1,
+                    Err(e) => self.problem(&path, &format!("temporary file not removed: {e}")),
+                }
+                continue;
+            }
+            if !self.opts.delete
+                || self
+                    .filter
+                    .select(&child_path(snap, name), md.is_dir(), inside)
+                    != Selection::All
+            {
+                continue;
+            }
+            let removed = if md.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
+            match removed {
+                Ok(()) => {
+                    self.stats.deleted += 1;
+                    self.monitor.file_done(&path, 0);
+                }
+                Err(e) => self.problem(&path, &format!("not deleted: {e}")),
+            }
+        }
+    }
+
+    /// Creates the directories the filter's search entered and that now get an entry.
+    fn create_pending(&mut self) -> io::Result<()> {
+        for i in 0..self.pending.len() {
+            if !self.pending[i].created {
+                let path = self.pending[i].path.clone();
+                self.pending[i].existed = self.make_dir(&path)?;
+                self.pending[i].created = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Restores one node; problems with it are reported and skipped. `selected` is false
+    /// for a directory the filter only searches: it is created when something below is.
+    fn restore_node(
+        &mut self,
+        node: &Node,
+        path: &Path,
+        snap: &[u8],
+        selected: bool,
+    ) -> Result<()> {
         if self.monitor.cancelled() {
             return Err(Error::Interrupted);
         }
+        if let NodeKind::Dir { subtree } = &node.kind {
+            if !selected {
+                self.pending.push(PendingDir {
+                    path: path.to_path_buf(),
+                    created: false,
+                    existed: false,
+                });
+                self.restore_tree(subtree, path, snap, false, false)?;
+                let Some(dir) = self.pending.pop() else {
+                    return Ok(());
+                };
+                if dir.created {
+                    if dir.existed {
+                        // Cleaning needs the tree's names; read it again only here.
+                        if let Ok(tree) = self.repo.read_tree(subtree) {
+                            let names = tree.nodes.iter().map(|n| n.name.as_slice()).collect();
+                            self.clean_dir(path, snap, false, &names);
+                        }
+                    }
+                    self.stats.dirs_restored += 1;
+                    if let Err(e) = fsmeta::apply(path, node, self.opts.owners) {
+                        self.problem(path, &format!("metadata not fully restored: {e}"));
+                    }
+                }
+                return Ok(());
+            }
+        }
+        if let Err(e) = self.create_pending() {
+            let at = self
+                .pending
+                .last()
+                .map(|d| d.path.clone())
+                .unwrap_or_default();
+            self.problem(&at, &e);
+            return Ok(());
+        }
         let done = match &node.kind {
             NodeKind::Dir { subtree } => {
-                if let Err(e) = self.make_dir(path) {
-                    self.problem(path, &e);
-                    return Ok(());
-                }
-                self.restore_tree(subtree, path)?;
+                let existed = match self.make_dir(path) {
+                    Ok(existed) => existed,
+                    Err(e) => {
+                        self.problem(path, &e);
+                        return Ok(());
+                    }
+                };
+                self.restore_tree(subtree, path, snap, true, existed)?;
                 self.stats.dirs_restored += 1;
                 Ok::<bool, String>(true)
             }
@@ -188,39 +398,81 @@ impl Restorer<'_> {
         Ok(())
     }
 
-    /// Whether an existing `path` may be replaced; `Ok(false)` means keep it and skip.
-    fn clear(&mut self, path: &Path) -> io::Result<bool> {
-        match fs::symlink_metadata(path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
-            Err(e) => Err(e),
-            Ok(_) if self.opts.overwrite != Some(Overwrite::Always) => {
-                self.stats.files_skipped += 1;
-                Ok(false)
+    /// Decides about an existing `path` under the overwrite mode: `Go` means it may be
+    /// written, and it is gone (or was never there) if `remove`. `same` says whether the
+    /// existing entry already matches the snapshot, `older` whether it is older than the
+    /// snapshot's.
+    fn clear(
+        &mut self,
+        path: &Path,
+        remove: bool,
+        same: impl Fn(&fs::Metadata) -> io::Result<bool>,
+        older: impl Fn(&fs::Metadata) -> bool,
+    ) -> io::Result<Existing> {
+        let md = match fs::symlink_metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Existing::Go),
+            Err(e) => return Err(e),
+            Ok(md) => md,
+        };
+        let replace = match self.opts.overwrite {
+            None | Some(Overwrite::Never) => false,
+            Some(Overwrite::Always) => true,
+            Some(Overwrite::IfChanged) => {
+                if same(&md)? {
+                    self.stats.unchanged += 1;
+                    return Ok(Existing::Unchanged);
+                }
+                true
             }
-            Ok(md) if md.is_dir() => fs::remove_dir_all(path).map(|_| true),
-            Ok(_) => fs::remove_file(path).map(|_| true),
+            Some(Overwrite::IfNewer) => older(&md),
+        };
+        if !replace {
+            self.stats.files_skipped += 1;
+            return Ok(Existing::Keep);
         }
+        if remove && md.is_dir() {
+            fs::remove_dir_all(path)?;
+        } else if remove {
+            fs::remove_file(path)?;
+        }
+        Ok(Existing::Go)
     }
 
-    fn make_dir(&mut self, path: &Path) -> io::Result<()> {
+    /// Creates a directory, or reuses one; returns whether it was already there.
+    fn make_dir(&mut self, path: &Path) -> io::Result<bool> {
         match fs::symlink_metadata(path) {
             // A directory already there is reused; a symlink is never followed.
-            Ok(md) if md.is_dir() => Ok(()),
-            Ok(_) if self.opts.overwrite == Some(Overwrite::Always) => {
+            Ok(md) if md.is_dir() => Ok(true),
+            Ok(_) if !matches!(self.opts.overwrite, None | Some(Overwrite::Never)) => {
                 fs::remove_file(path)?;
-                fs::create_dir(path)
+                fs::create_dir(path).map(|_| false)
             }
             Ok(_) => Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 "exists and is not a directory; --overwrite always replaces it",
             )),
-            Err(_) => fs::create_dir(path),
+            Err(_) => fs::create_dir(path).map(|_| false),
         }
     }
 
     fn restore_special(&mut self, node: &Node, path: &Path) -> io::Result<bool> {
-        if !self.clear(path)? {
-            return Ok(false);
+        let same = |md: &fs::Metadata| -> io::Result<bool> {
+            let ft = md.file_type();
+            Ok(match &node.kind {
+                NodeKind::Symlink { target } => {
+                    ft.is_symlink() && fs::read_link(path)?.as_os_str().as_bytes() == target
+                }
+                NodeKind::Fifo => ft.is_fifo(),
+                NodeKind::CharDevice { rdev } => ft.is_char_device() && md.rdev() == *rdev,
+                NodeKind::BlockDevice { rdev } => ft.is_block_device() && md.rdev() == *rdev,
+                _ => false,
+            })
+        };
+        let older = |md: &fs::Metadata| node.mtime > fsmeta::mtime(md);
+        match self.clear(path, true, same, older)? {
+            Existing::Go => {}
+            Existing::Unchanged => return Ok(true),
+            Existing::Keep => return Ok(false),
         }
         match &node.kind {
             NodeKind::Symlink { target } => {
@@ -248,23 +500,85 @@ impl Restorer<'_> {
         Ok(true)
     }
 
+    /// Whether the regular file at `path` holds what the snapshot's `node` does: same
+    /// size and mtime, and with `verify` the same chunk ids when cut and hashed with this
+    /// repository's chunker and key (a content reference into the middle of a blob
+    /// cannot be compared this way and counts as changed).
+    fn file_matches(&self, node: &Node, md: &fs::Metadata, path: &Path) -> io::Result<bool> {
+        let NodeKind::File { size, content } = &node.kind else {
+            return Ok(false);
+        };
+        if !md.is_file() || md.len() != *size || fsmeta::mtime(md) != node.mtime {
+            return Ok(false);
+        }
+        if !self.opts.verify {
+            return Ok(true);
+        }
+        let (params, seed) = match self.repo.chunker_params() {
+            Ok(p) => (p, self.repo.key().chunker_seed()),
+            Err(e) => return Err(io::Error::other(crate::error::chain(&e))),
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)?;
+        let mut chunker = cairn_chunker::Chunker::new(file, params, seed);
+        let mut expected = content.iter();
+        while let Some(chunk) = chunker.next_chunk()? {
+            let id = self.repo.key().blob_id(chunk.data);
+            match expected.next() {
+                Some(c) if c.offset == 0 && c.len as usize == chunk.data.len() && c.blob == id => {}
+                _ => return Ok(false),
+            }
+        }
+        Ok(expected.next().is_none())
+    }
+
     fn restore_file(&mut self, node: &Node, path: &Path) -> Result<bool, String> {
         let NodeKind::File { content, size } = &node.kind else {
             unreachable!("restore_file takes files")
         };
+        let older = |md: &fs::Metadata| node.mtime > fsmeta::mtime(md);
         if node.links > 1 {
             if let Some(first) = self.links.get(&(node.device, node.inode)).cloned() {
-                if !self.clear(path).map_err(|e| e.to_string())? {
-                    return Ok(false);
+                let same = |md: &fs::Metadata| -> io::Result<bool> {
+                    let f = fs::symlink_metadata(&first)?;
+                    Ok((md.dev(), md.ino()) == (f.dev(), f.ino()))
+                };
+                match self
+                    .clear(path, true, same, older)
+                    .map_err(|e| e.to_string())?
+                {
+                    Existing::Go => {}
+                    Existing::Unchanged | Existing::Keep => return Ok(false),
                 }
                 fs::hard_link(&first, path).map_err(|e| e.to_string())?;
                 self.stats.hardlinks_restored += 1;
                 return Ok(false);
             }
         }
-        if fs::symlink_metadata(path).is_ok() && self.opts.overwrite != Some(Overwrite::Always) {
-            self.stats.files_skipped += 1;
-            return Ok(false);
+        let same = |md: &fs::Metadata| self.file_matches(node, md, path);
+        // `clear` needs `&mut self`; decide with a shared borrow first.
+        let existing = match fs::symlink_metadata(path) {
+            Ok(md) if self.opts.overwrite == Some(Overwrite::IfChanged) => {
+                Some(same(&md).map_err(|e| format!("cannot compare with the snapshot: {e}"))?)
+            }
+            _ => None,
+        };
+        let decision = self
+            .clear(path, false, |_| Ok(existing == Some(true)), older)
+            .map_err(|e| e.to_string())?;
+        match decision {
+            Existing::Go => {}
+            Existing::Unchanged => {
+                if node.links > 1 {
+                    self.links
+                        .insert((node.device, node.inode), path.to_path_buf());
+                }
+                // Metadata such as the mode may still differ; the caller applies it.
+                return Ok(true);
+            }
+            Existing::Keep => return Ok(false),
         }
         let dir = path.parent().unwrap_or(Path::new("."));
         let tmp = dir.join(format!(".cairn-restore-{:016x}", rand::random::<u64>()));
@@ -276,6 +590,8 @@ impl Restorer<'_> {
                 verify(&tmp, &hash).map_err(|e| format!("verification failed: {e}"))?;
                 self.stats.files_verified += 1;
             }
+            // Only now, with the new file complete, is an existing one replaced: rename
+            // replaces a file or symlink atomically; a directory must go first.
             if let Ok(md) = fs::symlink_metadata(path) {
                 if md.is_dir() {
                     fs::remove_dir_all(path).map_err(|e| e.to_string())?;
