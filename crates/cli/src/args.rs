@@ -92,6 +92,8 @@ pub enum Command {
     Ls(LsArgs),
     /// Print a file from a snapshot to standard output
     Cat(CatArgs),
+    /// Write a file from a snapshot to standard output, or a directory as a tar or zip archive
+    Dump(DumpArgs),
     /// Restore a snapshot, or part of one, into a directory
     Restore(RestoreArgs),
     /// Show how files are cut into chunks (offset, length, id of each)
@@ -356,6 +358,27 @@ pub struct CatArgs {
     pub snapshot: String,
     /// Absolute path of a file in the snapshot
     pub path: OsString,
+}
+
+#[derive(Debug, Args)]
+pub struct DumpArgs {
+    /// Snapshot id, unique prefix, or `latest`
+    pub snapshot: String,
+    /// Absolute path in the snapshot (`/` for all of it)
+    pub path: OsString,
+    /// Archive format; directories are written as tar unless zip is asked for, and a file
+    /// is written as it is unless a format is given
+    #[arg(long, value_enum)]
+    pub archive: Option<ArchiveFormat>,
+    /// Write to this file instead of standard output
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ArchiveFormat {
+    Tar,
+    Zip,
 }
 
 #[derive(Debug, Args)]

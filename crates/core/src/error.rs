@@ -60,8 +60,16 @@ pub enum Error {
         candidates: Vec<String>,
     },
 
-    #[error("Path {path} is not in snapshot {snapshot}")]
-    PathNotFound { path: String, snapshot: String },
+    #[error(
+        "Path {path} is not in snapshot {snapshot}{}",
+        did_you_mean(suggestions)
+    )]
+    PathNotFound {
+        path: String,
+        snapshot: String,
+        /// Paths in the snapshot whose names are nearest to the missing one.
+        suggestions: Vec<String>,
+    },
 
     #[error("{path} in the snapshot is not a regular file")]
     NotAFile { path: String },
@@ -101,6 +109,14 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+fn did_you_mean(suggestions: &[String]) -> String {
+    if suggestions.is_empty() {
+        String::new()
+    } else {
+        format!("; did you mean {}?", suggestions.join(", "))
+    }
 }
 
 impl Error {

@@ -7,6 +7,7 @@ mod check;
 mod chunk;
 mod config;
 mod copy;
+mod dump;
 mod forget;
 mod init;
 mod repair;
@@ -26,6 +27,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Snapshots => snapshots::run(g),
         Command::Ls(a) => browse::ls(g, a),
         Command::Cat(a) => browse::cat(g, a),
+        Command::Dump(a) => dump::run(g, a),
         Command::Restore(a) => restore::run(g, a),
         Command::Chunk(a) => chunk::run(g, a),
         Command::Check(a) => check::run(g, a),

@@ -8,6 +8,7 @@ mod config_file;
 mod copy;
 mod damage;
 mod default_repo;
+mod dump;
 mod errors;
 mod fixtures;
 mod helpers;
