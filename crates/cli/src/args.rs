@@ -94,6 +94,8 @@ pub enum Command {
     Cat(CatArgs),
     /// Write a file from a snapshot to standard output, or a directory as a tar or zip archive
     Dump(DumpArgs),
+    /// Mount the repository read-only (FUSE) to browse its snapshots as files
+    Mount(MountArgs),
     /// Restore a snapshot, or part of one, into a directory
     Restore(RestoreArgs),
     /// Show how files are cut into chunks (offset, length, id of each)
@@ -379,6 +381,12 @@ pub struct DumpArgs {
 pub enum ArchiveFormat {
     Tar,
     Zip,
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// An empty directory to mount on
+    pub mountpoint: PathBuf,
 }
 
 #[derive(Debug, Args)]

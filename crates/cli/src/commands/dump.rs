@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn pax_records_count_their_own_length() {
-        assert_eq!(pax_record("mtime", "1.5"), "14 mtime=1.5\n");
+        assert_eq!(pax_record("mtime", "1.5"), "13 mtime=1.5\n");
         let long = "x".repeat(95);
         let r = pax_record("k", &long);
         assert_eq!(r.len().to_string(), r.split(' ').next().unwrap());

@@ -28,6 +28,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Ls(a) => browse::ls(g, a),
         Command::Cat(a) => browse::cat(g, a),
         Command::Dump(a) => dump::run(g, a),
+        Command::Mount(a) => crate::mount::run(g, a),
         Command::Restore(a) => restore::run(g, a),
         Command::Chunk(a) => chunk::run(g, a),
         Command::Check(a) => check::run(g, a),

@@ -15,6 +15,7 @@ mod helpers;
 mod init;
 mod inspect;
 mod maintenance;
+mod mount;
 mod options;
 mod props;
 mod remote;
