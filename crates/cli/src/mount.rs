@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use cairn_core::id::{BlobId, SnapshotId};
 use cairn_core::snapshot::Snapshot;
-use cairn_core::tree::{Node, NodeKind, Time};
+use cairn_core::tree::{Node, NodeKind, Time, Tree};
 use cairn_core::Repository;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, LockOwner, MountOption,
@@ -35,6 +35,9 @@ const TTL: Duration = Duration::from_secs(60);
 /// few MiB at most, a handful of them): enough for sequential reads and for several
 /// readers at once, small enough not to matter next to the page cache.
 const CHUNK_CACHE_BYTES: usize = 32 << 20;
+
+/// Trees kept decoded: a few directories being listed at once.
+const TREE_CACHE_ENTRIES: usize = 16;
 
 pub fn run(g: &GlobalArgs, a: MountArgs) -> Result<u8> {
     check_mountpoint(&a.mountpoint)?;
@@ -170,6 +173,9 @@ struct SnapshotFs {
     snapshots: Vec<(SnapshotId, Snapshot)>,
     inodes: Mutex<Inodes>,
     chunks: Mutex<ChunkCache>,
+    /// Recently read trees: the kernel lists a large directory in many `readdir` calls,
+    /// each of which would otherwise read and decrypt its tree again. Most recent last.
+    trees: Mutex<Vec<(BlobId, Arc<Tree>)>>,
     uid: u32,
     gid: u32,
     /// Time of the layout directories: the newest snapshot's.
@@ -256,6 +262,7 @@ impl SnapshotFs {
             snapshots,
             inodes: Mutex::new(inodes),
             chunks: Mutex::new(ChunkCache::default()),
+            trees: Mutex::new(Vec::new()),
             uid: nix_uid(),
             gid: nix_gid(),
             layout_time,
@@ -358,11 +365,12 @@ impl SnapshotFs {
         };
         let (snap, tree_id) = tree;
         // Read without holding the lock: it may take a network round trip.
-        let tree = self.repo.read_tree(&tree_id).map_err(|e| self.eio(&e))?;
+        let tree = self.tree(&tree_id)?;
         let mut inodes = self.inodes();
         Ok(tree
             .nodes
-            .into_iter()
+            .iter()
+            .cloned()
             .map(|node| {
                 let child = entry_inode(&mut inodes, ino, snap, node.clone());
                 let attr = inodes
@@ -372,6 +380,26 @@ impl SnapshotFs {
                 (node.name, child, attr)
             })
             .collect())
+    }
+
+    fn tree(&self, id: &BlobId) -> Result<Arc<Tree>, Errno> {
+        let lock = || self.trees.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let mut trees = lock();
+            if let Some(i) = trees.iter().position(|(k, _)| k == id) {
+                let hit = trees.remove(i);
+                let tree = Arc::clone(&hit.1);
+                trees.push(hit);
+                return Ok(tree);
+            }
+        }
+        let tree = Arc::new(self.repo.read_tree(id).map_err(|e| self.eio(&e))?);
+        let mut trees = lock();
+        trees.push((*id, Arc::clone(&tree)));
+        if trees.len() > TREE_CACHE_ENTRIES {
+            trees.remove(0);
+        }
+        Ok(tree)
     }
 
     fn lookup_child(&self, parent: u64, name: &[u8]) -> Result<FileAttr, Errno> {
