@@ -24,7 +24,9 @@ install() {
   # libfuse: cairn speaks the FUSE protocol through /dev/fuse).
   if ! command -v fusermount3 >/dev/null; then
     echo "== installing fuse3"
-    if [ "$(id -u)" = 0 ]; then apt-get install -y fuse3 >/dev/null; else sudo apt-get install -y fuse3 >/dev/null; fi
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    # A fresh machine may have no package lists yet.
+    $sudo apt-get install -y fuse3 >/dev/null || { $sudo apt-get update >/dev/null && $sudo apt-get install -y fuse3 >/dev/null; }
   fi
 }
 
