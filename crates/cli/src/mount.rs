@@ -74,9 +74,18 @@ pub fn run(g: &GlobalArgs, a: MountArgs) -> Result<u8> {
     loop {
         std::thread::sleep(Duration::from_millis(100));
         if crate::signals::interrupted() {
-            session
-                .umount_and_join()
-                .with_context(|| format!("Cannot unmount {}", a.mountpoint.display()))?;
+            if let Err(e) = session.umount_and_join() {
+                // Busy (a shell sits in it, a file is open): detach it now, as `umount -l`
+                // does, rather than leave a dead mount behind when this process exits.
+                detach(&a.mountpoint)
+                    .map_err(|_| e)
+                    .with_context(|| format!("Cannot unmount {}", a.mountpoint.display()))?;
+                eprintln!(
+                    "warning: {} was busy and has been detached; files still open there \
+                     now fail to read",
+                    a.mountpoint.display()
+                );
+            }
             return Ok(crate::EXIT_INTERRUPTED);
         }
         if session.guard.is_finished() {
@@ -86,6 +95,17 @@ pub fn run(g: &GlobalArgs, a: MountArgs) -> Result<u8> {
                 .context("The FUSE session ended with an error")?;
             return Ok(0);
         }
+    }
+}
+
+/// Lazily unmounts `path` (MNT_DETACH).
+fn detach(path: &Path) -> std::io::Result<()> {
+    let path = std::ffi::CString::new(path.canonicalize()?.as_os_str().as_bytes())?;
+    // SAFETY: a valid C string; umount2 reads it and touches no other memory.
+    if unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
