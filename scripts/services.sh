@@ -4,7 +4,7 @@
 # OpenSSH server (SFTP), each with its own data, keys and config under DIR; nothing of the
 # system's configuration is touched.
 #
-#   scripts/services.sh install          # garage (cargo install, ~25 min once) and openssh-server
+#   scripts/services.sh install          # garage (cargo install, ~25 min once), openssh-server, fuse3
 #   scripts/services.sh start DIR        # writes DIR/env to source: addresses and credentials
 #   scripts/services.sh stop DIR
 #
@@ -44,6 +44,14 @@ install() {
   if [ ! -x /usr/sbin/sshd ]; then
     echo "== installing openssh-server"
     if [ "$(id -u)" = 0 ]; then apt-get install -y openssh-server >/dev/null; else sudo apt-get install -y openssh-server >/dev/null; fi
+  fi
+  # The mount tests unmount with fusermount3, as a user would (mounting itself needs no
+  # libfuse: cairn speaks the FUSE protocol through /dev/fuse).
+  if ! command -v fusermount3 >/dev/null; then
+    echo "== installing fuse3"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    # A fresh machine may have no package lists yet.
+    $sudo apt-get install -y fuse3 >/dev/null || { $sudo apt-get update >/dev/null && $sudo apt-get install -y fuse3 >/dev/null; }
   fi
 }
 

@@ -93,6 +93,10 @@ pub enum Command {
     Ls(LsArgs),
     /// Print a file from a snapshot to standard output
     Cat(CatArgs),
+    /// Write a file from a snapshot to standard output, or a directory as a tar or zip archive
+    Dump(DumpArgs),
+    /// Mount the repository read-only (FUSE) to browse its snapshots as files
+    Mount(MountArgs),
     /// Restore a snapshot, or part of one, into a directory
     Restore(RestoreArgs),
     /// Show what changed between two snapshots, or a snapshot and a live directory
@@ -413,6 +417,33 @@ pub struct FindArgs {
     /// c (char device), b (block device); repeatable
     #[arg(short = 't', long = "type", value_name = "TYPE", value_parser = parse_type)]
     pub types: Vec<&'static str>,
+}
+
+#[derive(Debug, Args)]
+pub struct DumpArgs {
+    /// Snapshot id, unique prefix, or `latest`
+    pub snapshot: String,
+    /// Absolute path in the snapshot (`/` for all of it)
+    pub path: OsString,
+    /// Archive format; directories are written as tar unless zip is asked for, and a file
+    /// is written as it is unless a format is given
+    #[arg(long, value_enum)]
+    pub archive: Option<ArchiveFormat>,
+    /// Write to this file instead of standard output
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ArchiveFormat {
+    Tar,
+    Zip,
+}
+
+#[derive(Debug, Args)]
+pub struct MountArgs {
+    /// An empty directory to mount on
+    pub mountpoint: PathBuf,
 }
 
 #[derive(Debug, Args)]

@@ -5,6 +5,7 @@ mod args;
 mod commands;
 mod config;
 mod context;
+mod mount;
 mod output;
 mod signals;
 
@@ -14,7 +15,7 @@ use std::process::ExitCode;
 pub const EXIT_PARTIAL: u8 = 3;
 
 /// Exit code after Ctrl-C, as shells report a death by SIGINT.
-const EXIT_INTERRUPTED: u8 = 130;
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse_args();

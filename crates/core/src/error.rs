@@ -60,8 +60,16 @@ pub enum Error {
         candidates: Vec<String>,
     },
 
-    #[error("Path {path} is not in snapshot {snapshot}")]
-    PathNotFound { path: String, snapshot: String },
+    #[error(
+        "Path {path} is not in snapshot {snapshot}{}",
+        did_you_mean(suggestions)
+    )]
+    PathNotFound {
+        path: String,
+        snapshot: String,
+        /// Paths in the snapshot whose names are nearest to the missing one.
+        suggestions: Vec<String>,
+    },
 
     /// A path the user named is missing; `nearest` holds the closest names in the deepest
     /// directory of the path that does exist.
@@ -148,6 +156,14 @@ fn existing_snapshots(existing: &[String]) -> String {
         "the repository has no snapshots yet".into()
     } else {
         format!("existing snapshots: {}", existing.join(", "))
+    }
+}
+
+fn did_you_mean(suggestions: &[String]) -> String {
+    if suggestions.is_empty() {
+        String::new()
+    } else {
+        format!("; did you mean {}?", suggestions.join(", "))
     }
 }
 

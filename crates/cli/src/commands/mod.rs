@@ -8,6 +8,7 @@ mod chunk;
 mod config;
 mod copy;
 mod diff;
+mod dump;
 mod find;
 mod forget;
 mod init;
@@ -28,6 +29,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Snapshots => snapshots::run(g),
         Command::Ls(a) => browse::ls(g, a),
         Command::Cat(a) => browse::cat(g, a),
+        Command::Dump(a) => dump::run(g, a),
+        Command::Mount(a) => crate::mount::run(g, a),
         Command::Restore(a) => restore::run(g, a),
         Command::Diff(a) => diff::run(g, a),
         Command::Find(a) => find::run(g, a),

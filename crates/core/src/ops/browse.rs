@@ -1,14 +1,14 @@
 //! Reading snapshots without restoring them: find a path, walk a tree (`ls`), stream one
 //! file (`cat`). These read trees, and file contents only for `cat`.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 use crate::id::BlobId;
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
-use crate::tree::{Node, NodeKind};
+use crate::tree::{ContentRef, Node, NodeKind, Tree};
 
 /// What a path inside a snapshot names.
 #[derive(Debug, Clone)]
@@ -25,13 +25,16 @@ pub fn path_names(path: &[u8]) -> Vec<&[u8]> {
         .collect()
 }
 
-/// Finds `path` in `snapshot`.
+/// Finds `path` in `snapshot`. When a name is missing, the error suggests the nearest
+/// names of the directory that should have held it.
 pub fn find(repo: &Repository, snapshot: &Snapshot, path: &[u8]) -> Result<Entry> {
-    let not_found = || Error::PathNotFound {
+    let not_found = |suggestions: Vec<String>| Error::PathNotFound {
         path: String::from_utf8_lossy(path).into_owned(),
         snapshot: format!("{} ({})", snapshot.time, snapshot.paths.join(", ")),
+        suggestions,
     };
     let mut found = Entry::Root(snapshot.tree);
+    let mut parent = Vec::new();
     for name in path_names(path) {
         let tree_id = match &found {
             Entry::Root(id) => *id,
@@ -39,12 +42,61 @@ pub fn find(repo: &Repository, snapshot: &Snapshot, path: &[u8]) -> Result<Entry
                 kind: NodeKind::Dir { subtree },
                 ..
             }) => *subtree,
-            Entry::Node(_) => return Err(not_found()),
+            Entry::Node(_) => return Err(not_found(Vec::new())),
         };
         let tree = repo.read_tree(&tree_id)?;
-        found = Entry::Node(tree.find(name).ok_or_else(not_found)?.clone());
+        found = match tree.find(name) {
+            Some(node) => Entry::Node(node.clone()),
+            None => {
+                let near = nearest_names(&tree, name, 3)
+                    .into_iter()
+                    .map(|n| {
+                        let mut p = parent.clone();
+                        p.push(b'/');
+                        p.extend_from_slice(n);
+                        String::from_utf8_lossy(&p).into_owned()
+                    })
+                    .collect();
+                return Err(not_found(near));
+            }
+        };
+        parent.push(b'/');
+        parent.extend_from_slice(name);
     }
     Ok(found)
+}
+
+/// Up to `max` names of `tree` close to `name` (edit distance at most a third of the
+/// longer name, at least 2), nearest first; a name that extends `name` counts as close, so
+/// `hel` finds `hello.txt`.
+fn nearest_names<'t>(tree: &'t Tree, name: &[u8], max: usize) -> Vec<&'t [u8]> {
+    let mut scored: Vec<(usize, &[u8])> = tree
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let distance = edit_distance(&n.name, name);
+            let limit = (n.name.len().max(name.len()) / 3).max(2);
+            let close = distance <= limit || (!name.is_empty() && n.name.starts_with(name));
+            close.then_some((distance, n.name.as_slice()))
+        })
+        .collect();
+    scored.sort();
+    scored.into_iter().take(max).map(|(_, n)| n).collect()
+}
+
+/// Levenshtein distance over bytes, in one row of memory.
+fn edit_distance(a: &[u8], b: &[u8]) -> usize {
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, &ca) in a.iter().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let substitute = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
 }
 
 /// Calls `visit` with the path and node of everything below `tree`, depth first, parents
@@ -93,4 +145,110 @@ pub fn cat(repo: &Repository, node: &Node, path: &str, out: &mut dyn Write) -> R
         written += range.len() as u64;
     }
     Ok(written)
+}
+
+/// A file's content as a `Read`, one verified blob at a time, so that a file of any size
+/// streams in the memory of its largest chunk. It fails rather than return fewer bytes
+/// than the file's recorded size, because archive writers have already written that size.
+pub struct FileReader<'a> {
+    repo: &'a Repository,
+    path: String,
+    content: &'a [ContentRef],
+    size: u64,
+    next_ref: usize,
+    blob: Vec<u8>,
+    /// The unread part of `blob`.
+    start: usize,
+    end: usize,
+    read_total: u64,
+}
+
+impl<'a> FileReader<'a> {
+    /// A reader of file `node`; `path` names it in errors.
+    pub fn new(repo: &'a Repository, node: &'a Node, path: &str) -> Result<Self> {
+        let NodeKind::File { size, content } = &node.kind else {
+            return Err(Error::NotAFile {
+                path: path.to_string(),
+            });
+        };
+        Ok(FileReader {
+            repo,
+            path: path.to_string(),
+            content,
+            size: *size,
+            next_ref: 0,
+            blob: Vec::new(),
+            start: 0,
+            end: 0,
+            read_total: 0,
+        })
+    }
+
+    /// Loads the next content ref; false at the end of the file.
+    fn load_next(&mut self) -> Result<bool> {
+        let Some(part) = self.content.get(self.next_ref) else {
+            return Ok(false);
+        };
+        self.next_ref += 1;
+        self.blob = self.repo.read_blob(&part.blob)?;
+        let (start, end) = (
+            part.offset as usize,
+            part.offset as usize + part.len as usize,
+        );
+        if end > self.blob.len() {
+            return Err(Error::InvalidInput(format!(
+                "{}: content reference outside blob {}",
+                self.path, part.blob
+            )));
+        }
+        (self.start, self.end) = (start, end);
+        Ok(true)
+    }
+}
+
+impl Read for FileReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.start == self.end {
+            if !self.load_next().map_err(std::io::Error::other)? {
+                if self.read_total != self.size {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "{}: the snapshot records {} bytes but its chunks hold {}",
+                            self.path, self.size, self.read_total
+                        ),
+                    ));
+                }
+                return Ok(0);
+            }
+        }
+        if self.read_total + (self.end - self.start) as u64 > self.size {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{}: its chunks hold more than the {} bytes the snapshot records",
+                    self.path, self.size
+                ),
+            ));
+        }
+        let n = buf.len().min(self.end - self.start);
+        buf[..n].copy_from_slice(&self.blob[self.start..self.start + n]);
+        self.start += n;
+        self.read_total += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn edit_distance_counts_single_byte_edits() {
+        assert_eq!(edit_distance(b"hello", b"hello"), 0);
+        assert_eq!(edit_distance(b"hello", b"helo"), 1);
+        assert_eq!(edit_distance(b"hello", b"jello"), 1);
+        assert_eq!(edit_distance(b"", b"abc"), 3);
+        assert_eq!(edit_distance(b"kitten", b"sitting"), 3);
+    }
 }

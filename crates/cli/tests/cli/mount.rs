@@ -1,0 +1,252 @@
+//! `cairn mount`: a real FUSE mount (CI machines have /dev/fuse and run as root), looked
+//! at with the tools a user would use on it (`cp -a`, `diff -r`, `grep -r`), then
+//! unmounted with `fusermount3 -u` or Ctrl-C.
+
+use std::fs;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+/// A `cairn mount` running in the background. Dropping it unmounts (lazily) and kills the
+/// process, so a failing test leaves no mount behind.
+struct Mounted {
+    child: Child,
+    mountpoint: PathBuf,
+    log: PathBuf,
+}
+
+impl Mounted {
+    fn start(env: &TestEnv, mountpoint: &Path) -> Mounted {
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "/dev/fuse is missing: the mount tests need FUSE (load the fuse module)"
+        );
+        let log = env.path("mount.log");
+        let child = spawnable(env)
+            .arg("mount")
+            .arg(mountpoint)
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let mut m = Mounted {
+            child,
+            mountpoint: mountpoint.to_path_buf(),
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !mountpoint.join("snapshots").exists() {
+            if let Some(status) = m.child.try_wait().unwrap() {
+                panic!("cairn mount exited early ({status}): {}", m.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no mount after 60 s: {}",
+                m.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the process to end on its own; its exit code.
+    fn wait(&mut self) -> i32 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code().unwrap_or(-1);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "cairn mount did not end within 30 s: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(&self.mountpoint)
+                .status();
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn unmount(mountpoint: &Path) {
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(mountpoint)
+        .output()
+        .unwrap();
+    assert_success(&out, "fusermount3 -u");
+}
+
+/// Where the mount shows `source` of the snapshot directory `snapshot_dir`.
+fn shown(snapshot_dir: &Path, source: &Path) -> PathBuf {
+    snapshot_dir.join(source.strip_prefix("/").unwrap())
+}
+
+#[test]
+fn mount_shows_snapshots_as_the_source_tree_and_unmounts_cleanly() {
+    let env = TestEnv::with_small_chunk_repo();
+    let src = build_rich_tree(&env.path("src"));
+    let id = env.backup_id(&[&src], &["--tag", "nightly"]);
+    let mnt = env.path("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let mut m = Mounted::start(&env, &mnt);
+
+    // The layout: one snapshot under each view, and `latest` pointing at it.
+    let names = |dir: &str| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(mnt.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(""), ["hosts", "ids", "latest", "snapshots", "tags"]);
+    let times = names("snapshots");
+    assert_eq!(times.len(), 1);
+    assert_eq!(names("ids"), [id[..8].to_string()]);
+    assert_eq!(names("tags/nightly"), times);
+    let latest = fs::read_link(mnt.join("latest")).unwrap();
+    assert_eq!(latest, Path::new("snapshots").join(&times[0]));
+
+    // Every view shows the backed-up tree with its metadata and hard links.
+    let in_mount = shown(&mnt.join("latest"), &src);
+    let what = Compare {
+        xattrs: false,
+        ..Compare::ALL
+    };
+    assert_trees_equal(&src, &in_mount, what);
+    assert_trees_equal(&src, &shown(&mnt.join("ids").join(&id[..8]), &src), what);
+    assert_eq!(fs::metadata(in_mount.join("hard-1")).unwrap().nlink(), 2);
+    assert_eq!(
+        fs::metadata(in_mount.join("hard-1")).unwrap().ino(),
+        fs::metadata(in_mount.join("dir a/hard-2")).unwrap().ino(),
+        "hard links share an inode"
+    );
+
+    // Random reads at offsets across chunk boundaries fetch the right bytes.
+    let original = fs::read(src.join("dir a/random.bin")).unwrap();
+    let file = fs::File::open(in_mount.join("dir a/random.bin")).unwrap();
+    for offset in [1_234_567usize, 0, 65_535, 700_001, 1_499_990, 300_000] {
+        let mut buf = vec![0; 100_000];
+        let n = file.read_at(&mut buf, offset as u64).unwrap();
+        let want = &original[offset..(offset + 100_000).min(original.len())];
+        assert_eq!(&buf[..n], want, "bytes at offset {offset}");
+    }
+
+    // What users do with a mount.
+    let copy = env.path("copy");
+    let out = Command::new("cp")
+        .arg("-a")
+        .arg(&in_mount)
+        .arg(&copy)
+        .output()
+        .unwrap();
+    assert_success(&out, "cp -a from the mount");
+    assert_trees_equal(&src, &copy, what);
+    let out = Command::new("diff")
+        .arg("-r")
+        .arg(src.join("dir a"))
+        .arg(in_mount.join("dir a"))
+        .output()
+        .unwrap();
+    assert_success(&out, "diff -r source mount");
+    let out = Command::new("grep")
+        .args(["-r", "-l", "leaf"])
+        .arg(in_mount.join("dir a"))
+        .output()
+        .unwrap();
+    assert_success(&out, "grep -r in the mount");
+    assert!(stdout(&out).contains("leaf.txt"), "{}", stdout(&out));
+
+    // A second mount on a busy mountpoint is refused.
+    let out = env.cmd().arg("mount").arg(&mnt).output().unwrap();
+    assert_exit(&out, 1, "cairn mount on a mounted directory");
+    assert!(
+        stderr(&out).contains("already a mount point"),
+        "{}",
+        stderr(&out)
+    );
+
+    drop(file);
+    unmount(&mnt);
+    assert_eq!(m.wait(), 0, "cairn mount exits 0: {}", m.log_text());
+    assert_eq!(
+        fs::read_dir(&mnt).unwrap().count(),
+        0,
+        "the mountpoint is empty again"
+    );
+}
+
+#[test]
+fn mount_ends_on_ctrl_c_with_exit_130() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("a"), b"a\n");
+    env.backup(&[&src], &[]);
+    let mnt = env.path("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let mut m = Mounted::start(&env, &mnt);
+    // SAFETY: kill touches no memory; the pid is our own child, still running.
+    assert_eq!(unsafe { libc::kill(m.child.id() as i32, libc::SIGINT) }, 0);
+    assert_eq!(m.wait(), 130, "exit code after Ctrl-C: {}", m.log_text());
+    assert_eq!(fs::read_dir(&mnt).unwrap().count(), 0, "unmounted");
+}
+
+#[test]
+fn mount_refuses_missing_and_non_empty_mountpoints() {
+    let env = TestEnv::with_repo();
+    let out = env
+        .cmd()
+        .arg("mount")
+        .arg(env.path("nowhere"))
+        .output()
+        .unwrap();
+    assert_exit(&out, 1, "cairn mount on a missing directory");
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+
+    let full = env.path("full");
+    write_file(&full.join("x"), b"x");
+    let out = env.cmd().arg("mount").arg(&full).output().unwrap();
+    assert_exit(&out, 1, "cairn mount on a non-empty directory");
+    assert!(stderr(&out).contains("not empty"), "{}", stderr(&out));
+}
+
+#[test]
+fn mount_returns_eio_when_the_repository_data_is_gone() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("big"), &random_bytes(300_000, 9));
+    env.backup(&[&src], &[]);
+    let mnt = env.path("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let _m = Mounted::start(&env, &mnt);
+    let file = shown(&mnt.join("latest"), &src).join("big");
+    assert_eq!(fs::metadata(&file).unwrap().len(), 300_000);
+
+    // The packs become unreachable after the tree was read but before the file was.
+    fs::rename(env.repo.join("data"), env.repo.join("data.gone")).unwrap();
+    let started = Instant::now();
+    let err = fs::read(&file).expect_err("reading without packs fails");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "EIO, got {err}");
+    assert!(started.elapsed() < Duration::from_secs(30), "no hang");
+    fs::rename(env.repo.join("data.gone"), env.repo.join("data")).unwrap();
+}
