@@ -110,6 +110,8 @@ pub fn restore(
         Entry::Node(node) => filter.check_all_match(repo, None, Some((node, &start_path)))?,
     }
     let existed = prepare_target(&opts.target, opts.overwrite.is_some())?;
+    let (job_tx, job_rx) = crossbeam_channel::bounded::<FileJob>(WRITERS * 4);
+    let (done_tx, done_rx) = crossbeam_channel::unbounded::<FileDone>();
     let mut r = Restorer {
         repo,
         opts,
@@ -118,22 +120,131 @@ pub fn restore(
         stats: RestoreStats::default(),
         links: HashMap::new(),
         pending: Vec::new(),
+        jobs: Some(job_tx),
+        done: done_rx,
+        dirs: Vec::new(),
+        in_flight: HashSet::new(),
     };
-    match start {
-        Entry::Root(tree) => r.restore_tree(&tree, &opts.target, &start_path, false, existed)?,
-        Entry::Node(Node {
-            kind: NodeKind::Dir { subtree },
-            ..
-        }) => r.restore_tree(&subtree, &opts.target, &start_path, false, existed)?,
-        Entry::Node(node) => {
-            if r.filter.select(&start_path, false, false) == Selection::All {
-                let path = opts.target.join(std::ffi::OsStr::from_bytes(&node.name));
-                r.restore_node(&node, &path, &start_path, true)?;
-            }
+    let walked = std::thread::scope(|scope| {
+        for _ in 0..WRITERS {
+            let (jobs, done) = (job_rx.clone(), done_tx.clone());
+            scope.spawn(move || {
+                for job in jobs {
+                    let outcome = place_file(repo, opts, monitor, &job.node, &job.tmp, &job.path);
+                    if done.send(FileDone { job, outcome }).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        let walked = r.walk(start, existed, &start_path);
+        // Closing the queue lets the writers finish what is queued and stop.
+        r.jobs = None;
+        walked
+    });
+    r.collect_done();
+    // Directory times last: writing into a directory changes its mtime.
+    for (path, node) in std::mem::take(&mut r.dirs).into_iter().rev() {
+        if let Err(e) = fsmeta::apply(&path, &node, opts.owners) {
+            r.problem(&path, &format!("metadata not fully restored: {e}"));
         }
     }
+    walked?;
     r.stats.duration_ms = started.elapsed().as_millis() as u64;
     Ok(r.stats)
+}
+
+/// Threads writing file contents. Reading a blob is a request to the store (tens of
+/// milliseconds to an object store) followed by decryption and decompression: several
+/// files at once keep both the network and the cores busy.
+const WRITERS: usize = 8;
+
+/// A file to write under a temporary name and rename into place.
+struct FileJob {
+    node: Node,
+    tmp: PathBuf,
+    path: PathBuf,
+}
+
+struct FileDone {
+    job: FileJob,
+    /// Whether the file was verified, or why it was not restored.
+    outcome: std::result::Result<bool, String>,
+}
+
+/// Writes `node`'s contents to `tmp` from verified blobs, applies its metadata, checks it
+/// with `verify`, and renames it to `path`; on failure removes `tmp`.
+fn place_file(
+    repo: &Repository,
+    opts: &RestoreOptions,
+    monitor: &dyn Monitor,
+    node: &Node,
+    tmp: &Path,
+    path: &Path,
+) -> std::result::Result<bool, String> {
+    let result = write_file(repo, monitor, node, tmp, path).and_then(|hash| {
+        fsmeta::apply(tmp, node, opts.owners).map_err(|e| format!("metadata not restored: {e}"))?;
+        if opts.verify {
+            verify(tmp, &hash).map_err(|e| format!("verification failed: {e}"))?;
+        }
+        // Only now, with the new file complete, is an existing one replaced: rename
+        // replaces a file or symlink atomically; a directory must go first.
+        if let Ok(md) = fs::symlink_metadata(path) {
+            if md.is_dir() {
+                fs::remove_dir_all(path).map_err(|e| e.to_string())?;
+            }
+        }
+        fs::rename(tmp, path).map_err(|e| e.to_string())?;
+        Ok(opts.verify)
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(tmp);
+    }
+    result
+}
+
+/// Writes the file's blobs to `tmp`; returns the BLAKE3 hash of what was written.
+fn write_file(
+    repo: &Repository,
+    monitor: &dyn Monitor,
+    node: &Node,
+    tmp: &Path,
+    path: &Path,
+) -> std::result::Result<blake3::Hash, String> {
+    let NodeKind::File { content, size } = &node.kind else {
+        return Err("not a regular file".into());
+    };
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(tmp)
+        .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+    let mut hasher = blake3::Hasher::new();
+    let mut written = 0u64;
+    for part in content {
+        if monitor.cancelled() {
+            return Err("interrupted".into());
+        }
+        let blob = repo
+            .read_blob(&part.blob)
+            .map_err(|e| format!("not restored, {}", crate::error::chain(&e)))?;
+        let range = blob
+            .get(part.offset as usize..(part.offset + part.len) as usize)
+            .ok_or_else(|| format!("content reference outside blob {}", part.blob))?;
+        file.write_all(range).map_err(|e| e.to_string())?;
+        hasher.update(range);
+        written += range.len() as u64;
+    }
+    if written != *size {
+        return Err(format!(
+            "snapshot says {} has {size} bytes but its chunks hold {written}",
+            path.display()
+        ));
+    }
+    Ok(hasher.finalize())
 }
 
 /// Creates the target if needed; returns whether it was there and not empty.
@@ -188,9 +299,55 @@ struct Restorer<'a> {
     links: HashMap<(u64, u64), PathBuf>,
     /// Directories above the current entry that only the filter's search entered.
     pending: Vec<PendingDir>,
+    /// Files for the writer threads; `None` once the walk is over.
+    jobs: Option<crossbeam_channel::Sender<FileJob>>,
+    done: crossbeam_channel::Receiver<FileDone>,
+    /// Restored directories in the order they were created, for their metadata at the end.
+    dirs: Vec<(PathBuf, Node)>,
+    /// Temporary files the writer threads are filling.
+    in_flight: HashSet<PathBuf>,
 }
 
 impl Restorer<'_> {
+    /// Restores from `start` into the target.
+    fn walk(&mut self, start: Entry, existed: bool, start_path: &[u8]) -> Result<()> {
+        let target = self.opts.target.clone();
+        match start {
+            Entry::Root(tree) => self.restore_tree(&tree, &target, start_path, false, existed)?,
+            Entry::Node(Node {
+                kind: NodeKind::Dir { subtree },
+                ..
+            }) => self.restore_tree(&subtree, &target, start_path, false, existed)?,
+            Entry::Node(node) => {
+                if self.filter.select(start_path, false, false) == Selection::All {
+                    let path = target.join(std::ffi::OsStr::from_bytes(&node.name));
+                    self.restore_node(&node, &path, start_path, true)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts the files the writers finished and reports the ones they could not write.
+    fn collect_done(&mut self) {
+        while let Ok(FileDone { job, outcome }) = self.done.try_recv() {
+            self.in_flight.remove(&job.tmp);
+            match outcome {
+                Ok(verified) => {
+                    let size = match job.node.kind {
+                        NodeKind::File { size, .. } => size,
+                        _ => 0,
+                    };
+                    self.stats.files_restored += 1;
+                    self.stats.bytes_restored += size;
+                    self.stats.files_verified += u64::from(verified);
+                    self.monitor.file_done(&job.path, size);
+                }
+                Err(e) => self.problem(&job.path, &e),
+            }
+        }
+    }
+
     fn problem(&mut self, path: &Path, error: &dyn std::fmt::Display) {
         self.monitor.problem(path, error);
         self.stats.errors.push(SourceProblem {
@@ -276,7 +433,8 @@ impl Restorer<'_> {
             let Ok(md) = fs::symlink_metadata(&path) else {
                 continue;
             };
-            if is_temp_name(name) && md.is_file() {
+            // A writer thread may still be filling one of this run's own.
+            if is_temp_name(name) && md.is_file() && !self.in_flight.contains(&path) {
                 match fs::remove_file(&path) {
                     Ok(()) => self.stats.temp_files_removed += 1,
                     Err(e) => self.problem(&path, &format!("temporary file not removed: {e}")),
@@ -350,9 +508,7 @@ impl Restorer<'_> {
                         }
                     }
                     self.stats.dirs_restored += 1;
-                    if let Err(e) = fsmeta::apply(path, node, self.opts.owners) {
-                        self.problem(path, &format!("metadata not fully restored: {e}"));
-                    }
+                    self.dirs.push((path.to_path_buf(), node.clone()));
                 }
                 return Ok(());
             }
@@ -377,7 +533,8 @@ impl Restorer<'_> {
                 };
                 self.restore_tree(subtree, path, snap, true, existed)?;
                 self.stats.dirs_restored += 1;
-                Ok::<bool, String>(true)
+                self.dirs.push((path.to_path_buf(), node.clone()));
+                Ok::<bool, String>(false)
             }
             NodeKind::File { .. } => self.restore_file(node, path),
             NodeKind::Socket => {
@@ -535,7 +692,7 @@ impl Restorer<'_> {
     }
 
     fn restore_file(&mut self, node: &Node, path: &Path) -> Result<bool, String> {
-        let NodeKind::File { content, size } = &node.kind else {
+        let NodeKind::File { size, .. } = &node.kind else {
             unreachable!("restore_file takes files")
         };
         let older = |md: &fs::Metadata| node.mtime > fsmeta::mtime(md);
@@ -582,79 +739,38 @@ impl Restorer<'_> {
         }
         let dir = path.parent().unwrap_or(Path::new("."));
         let tmp = dir.join(format!(".cairn-restore-{:016x}", rand::random::<u64>()));
-        let written = self.write_file(node, content, &tmp, path);
-        let result = written.and_then(|hash| {
-            fsmeta::apply(&tmp, node, self.opts.owners)
-                .map_err(|e| format!("metadata not restored: {e}"))?;
-            if self.opts.verify {
-                verify(&tmp, &hash).map_err(|e| format!("verification failed: {e}"))?;
-                self.stats.files_verified += 1;
-            }
-            // Only now, with the new file complete, is an existing one replaced: rename
-            // replaces a file or symlink atomically; a directory must go first.
-            if let Ok(md) = fs::symlink_metadata(path) {
-                if md.is_dir() {
-                    fs::remove_dir_all(path).map_err(|e| e.to_string())?;
+        let job = FileJob {
+            node: node.clone(),
+            tmp,
+            path: path.to_path_buf(),
+        };
+        self.collect_done();
+        // A file with hard links is written here, so that its links can be made at once.
+        let job = match &self.jobs {
+            Some(jobs) if node.links <= 1 => {
+                let tmp = job.tmp.clone();
+                match jobs.send(job) {
+                    Ok(()) => {
+                        self.in_flight.insert(tmp);
+                        return Ok(false);
+                    }
+                    Err(crossbeam_channel::SendError(job)) => job,
                 }
             }
-            fs::rename(&tmp, path).map_err(|e| e.to_string())
-        });
-        if let Err(e) = result {
-            let _ = fs::remove_file(&tmp);
-            return Err(e);
-        }
+            _ => job,
+        };
+        let outcome = place_file(self.repo, self.opts, self.monitor, node, &job.tmp, path);
+        let verified = outcome?;
         if node.links > 1 {
             self.links
                 .insert((node.device, node.inode), path.to_path_buf());
         }
         self.stats.files_restored += 1;
         self.stats.bytes_restored += size;
+        self.stats.files_verified += u64::from(verified);
         self.monitor.file_done(path, *size);
         // Metadata was applied to the temporary file before the rename.
         Ok(false)
-    }
-
-    /// Writes the file's blobs to `tmp`; returns the BLAKE3 hash of what was written.
-    fn write_file(
-        &self,
-        node: &Node,
-        content: &[crate::tree::ContentRef],
-        tmp: &Path,
-        path: &Path,
-    ) -> Result<blake3::Hash, String> {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(tmp)
-            .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-        let mut hasher = blake3::Hasher::new();
-        let mut written = 0u64;
-        for part in content {
-            if self.monitor.cancelled() {
-                return Err("interrupted".into());
-            }
-            let blob = self
-                .repo
-                .read_blob(&part.blob)
-                .map_err(|e| format!("not restored, {}", crate::error::chain(&e)))?;
-            let range = blob
-                .get(part.offset as usize..(part.offset + part.len) as usize)
-                .ok_or_else(|| format!("content reference outside blob {}", part.blob))?;
-            file.write_all(range).map_err(|e| e.to_string())?;
-            hasher.update(range);
-            written += range.len() as u64;
-        }
-        if let NodeKind::File { size, .. } = node.kind {
-            if written != size {
-                return Err(format!(
-                    "snapshot says {} has {size} bytes but its chunks hold {written}",
-                    path.display()
-                ));
-            }
-        }
-        Ok(hasher.finalize())
     }
 }
 
