@@ -22,6 +22,7 @@ pub mod session;
 pub mod snapshot;
 pub mod trash;
 pub mod tree;
+pub mod window;
 pub mod writer;
 
 pub use error::{Error, Result};

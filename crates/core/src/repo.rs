@@ -18,6 +18,7 @@ use crate::index::{BlobLocation, Index, IndexFile, IndexedPack};
 use crate::pack::{self, BlobKind, PackEntry};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
+use crate::window::{PackWindows, WINDOW};
 use crate::writer::BlobWriter;
 
 /// Settings fixed when a repository is created.
@@ -60,6 +61,10 @@ pub struct Repository {
     /// Tree blobs by pack, built on the first tree the cache misses; reset whenever
     /// the index changes.
     tree_packs: std::sync::OnceLock<HashMap<PackId, Vec<(BlobId, BlobLocation)>>>,
+    /// Recently read windows of packs, for remote stores (see [`crate::window`]).
+    windows: Option<PackWindows>,
+    /// Where the last blob the index places in each pack ends; reset with the index.
+    pack_ends: std::sync::OnceLock<HashMap<PackId, u64>>,
 }
 
 /// All readable snapshots, oldest first, and the ones that could not be read.
@@ -97,6 +102,8 @@ impl Repository {
     }
 
     fn assemble(storage: Arc<dyn Storage>, config: Config, key: MasterKey) -> Self {
+        // Stores that count requests are the ones where a request costs a round trip.
+        let storage_is_remote = storage.request_counts().is_some();
         Repository {
             storage,
             config,
@@ -105,6 +112,8 @@ impl Repository {
             index_problems: Vec::new(),
             cache: None,
             tree_packs: std::sync::OnceLock::new(),
+            windows: storage_is_remote.then(PackWindows::default),
+            pack_ends: std::sync::OnceLock::new(),
         }
     }
 
@@ -154,6 +163,7 @@ impl Repository {
         self.index = Index::default();
         self.index_problems.clear();
         self.tree_packs = std::sync::OnceLock::new();
+        self.pack_ends = std::sync::OnceLock::new();
         for t in trash {
             self.index.condemn(t.packs.iter().map(|p| p.id));
         }
@@ -235,6 +245,7 @@ impl Repository {
     /// Adds packs written by this process to the in-memory index.
     pub fn absorb(&mut self, packs: &[IndexedPack]) {
         self.tree_packs = std::sync::OnceLock::new();
+        self.pack_ends = std::sync::OnceLock::new();
         for p in packs {
             self.index.add_pack(p.id, &p.entries);
         }
@@ -283,11 +294,14 @@ impl Repository {
             .index
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
-        let sealed = self.storage.read_range(
-            &loc.pack.storage_name(),
-            loc.offset as u64,
-            loc.length as u64,
-        )?;
+        let sealed = match self.read_through_window(loc) {
+            Some(sealed) => sealed,
+            None => self.storage.read_range(
+                &loc.pack.storage_name(),
+                loc.offset as u64,
+                loc.length as u64,
+            )?,
+        };
         let plain = self
             .unseal_blob(id, &sealed, loc.raw_length as usize)
             .map_err(|reason| Error::BlobDamaged {
@@ -296,6 +310,38 @@ impl Repository {
                 reason,
             })?;
         Ok((sealed, plain))
+    }
+
+    /// A blob's sealed bytes from the window of its pack around it, on a remote store;
+    /// `None` when windows are off, the blob crosses a window's end, or the window could
+    /// not be read (the caller's own read then reports why).
+    fn read_through_window(&self, loc: &BlobLocation) -> Option<Vec<u8>> {
+        let windows = self.windows.as_ref()?;
+        let (offset, end) = (loc.offset as u64, (loc.offset + loc.length) as u64);
+        let start = offset / WINDOW * WINDOW;
+        if end > start + WINDOW {
+            return None;
+        }
+        let pack_end = *self
+            .pack_ends
+            .get_or_init(|| {
+                let mut ends: HashMap<PackId, u64> = HashMap::new();
+                for (_, l) in self.index.iter() {
+                    let e = ends.entry(l.pack).or_default();
+                    *e = (*e).max((l.offset + l.length) as u64);
+                }
+                ends
+            })
+            .get(&loc.pack)?;
+        let window_end = (start + WINDOW).min(pack_end);
+        let window = windows.get(loc.pack, start, || {
+            self.storage
+                .read_range(&loc.pack.storage_name(), start, window_end - start)
+                .ok()
+        })?;
+        window
+            .get((offset - start) as usize..(end - start) as usize)
+            .map(<[u8]>::to_vec)
     }
 
     fn unseal_blob(

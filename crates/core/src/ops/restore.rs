@@ -110,7 +110,13 @@ pub fn restore(
         Entry::Node(node) => filter.check_all_match(repo, None, Some((node, &start_path)))?,
     }
     let existed = prepare_target(&opts.target, opts.overwrite.is_some())?;
-    let (job_tx, job_rx) = crossbeam_channel::bounded::<FileJob>(WRITERS * 4);
+    // A remote store answers each read after a round trip: more files in flight there.
+    let writers = if repo.storage().request_counts().is_some() {
+        REMOTE_WRITERS
+    } else {
+        WRITERS
+    };
+    let (job_tx, job_rx) = crossbeam_channel::bounded::<FileJob>(writers * 4);
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<FileDone>();
     let mut r = Restorer {
         repo,
@@ -126,7 +132,7 @@ pub fn restore(
         in_flight: HashSet::new(),
     };
     let walked = std::thread::scope(|scope| {
-        for _ in 0..WRITERS {
+        for _ in 0..writers {
             let (jobs, done) = (job_rx.clone(), done_tx.clone());
             scope.spawn(move || {
                 for job in jobs {
@@ -159,6 +165,8 @@ pub fn restore(
 /// milliseconds to an object store) followed by decryption and decompression: several
 /// files at once keep both the network and the cores busy.
 const WRITERS: usize = 8;
+/// As many as the remote store's limit on concurrent requests.
+const REMOTE_WRITERS: usize = 16;
 
 /// A file to write under a temporary name and rename into place.
 struct FileJob {
