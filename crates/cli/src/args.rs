@@ -528,23 +528,9 @@ pub fn parse_size_filter(s: &str) -> Result<SizeFilter, String> {
         Some(b'=') => (SizeFilter::Exactly, &s[1..]),
         _ => (SizeFilter::Exactly, s),
     };
-    let t = rest.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like +1M, -10K or =4096"))?;
-    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use K, M, G or T)")),
-    };
-    n.checked_mul(mult)
+    parse_size_u64(rest)
         .map(make)
-        .ok_or_else(|| format!("{s:?} is too large"))
+        .map_err(|_| format!("{s:?} is not a size like +1M, -10K or =4096 (units K, M, G, T)"))
 }
 
 /// A point in time: a date or date and time in the local time zone, an RFC 3339

@@ -66,6 +66,21 @@ pub fn node_from_metadata(
     }
 }
 
+/// The kind of an entry that is neither a file, a directory nor a symlink.
+pub fn special_kind(md: &Metadata) -> NodeKind {
+    use std::os::unix::fs::FileTypeExt;
+    let ft = md.file_type();
+    if ft.is_fifo() {
+        NodeKind::Fifo
+    } else if ft.is_socket() {
+        NodeKind::Socket
+    } else if ft.is_char_device() {
+        NodeKind::CharDevice { rdev: md.rdev() }
+    } else {
+        NodeKind::BlockDevice { rdev: md.rdev() }
+    }
+}
+
 pub fn mtime(md: &Metadata) -> Time {
     Time {
         sec: md.mtime(),

@@ -106,18 +106,7 @@ fn live_dir(arg: &OsStr) -> Result<Option<PathBuf>> {
 
 /// Absolute and lexically cleaned, as backup records source paths (symlinks are kept).
 fn absolute(path: &Path) -> PathBuf {
-    let abs = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let mut clean = PathBuf::from("/");
-    for c in abs.components() {
-        match c {
-            Component::Normal(n) => clean.push(n),
-            Component::ParentDir => {
-                clean.pop();
-            }
-            _ => {}
-        }
-    }
-    clean
+    cairn_core::ops::backup::lexical_absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 fn side(repo: &Repository, arg: &OsStr, live: Option<PathBuf>) -> Result<DiffSide> {

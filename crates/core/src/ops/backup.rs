@@ -247,6 +247,23 @@ fn find_parent(
 }
 
 /// Absolute, lexically cleaned, existing paths; a path covered by another is dropped.
+/// `path` made absolute and cleaned of `.` and `..` without resolving symlinks, as
+/// backup records source paths.
+pub fn lexical_absolute(path: &Path) -> std::io::Result<PathBuf> {
+    let abs = std::path::absolute(path)?;
+    let mut clean = PathBuf::from("/");
+    for c in abs.components() {
+        match c {
+            Component::Normal(n) => clean.push(n),
+            Component::ParentDir => {
+                clean.pop();
+            }
+            _ => {}
+        }
+    }
+    Ok(clean)
+}
+
 fn normalize_paths(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     if paths.is_empty() {
         return Err(Error::InvalidInput(
@@ -255,17 +272,7 @@ fn normalize_paths(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     }
     let mut out: Vec<PathBuf> = Vec::new();
     for p in paths {
-        let abs = std::path::absolute(p).map_err(|e| Error::io(p, e))?;
-        let mut clean = PathBuf::from("/");
-        for c in abs.components() {
-            match c {
-                Component::Normal(n) => clean.push(n),
-                Component::ParentDir => {
-                    clean.pop();
-                }
-                _ => {}
-            }
-        }
+        let clean = lexical_absolute(p).map_err(|e| Error::io(p, e))?;
         std::fs::symlink_metadata(&clean).map_err(|e| Error::io(&clean, e))?;
         out.push(clean);
     }
@@ -495,15 +502,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
             }
         } else {
             self.stats.others += 1;
-            if ft.is_fifo() {
-                NodeKind::Fifo
-            } else if ft.is_socket() {
-                NodeKind::Socket
-            } else if ft.is_char_device() {
-                NodeKind::CharDevice { rdev: md.rdev() }
-            } else {
-                NodeKind::BlockDevice { rdev: md.rdev() }
-            }
+            fsmeta::special_kind(&md)
         };
         Ok(Some(self.node(name, path, &md, kind)))
     }

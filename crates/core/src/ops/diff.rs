@@ -366,14 +366,8 @@ impl Differ<'_> {
                     return None;
                 }
             }
-        } else if ft.is_fifo() {
-            NodeKind::Fifo
-        } else if ft.is_socket() {
-            NodeKind::Socket
-        } else if ft.is_char_device() {
-            NodeKind::CharDevice { rdev: md.rdev() }
         } else {
-            NodeKind::BlockDevice { rdev: md.rdev() }
+            fsmeta::special_kind(md)
         };
         let mut node = fsmeta::node_from_metadata(name, md, kind, &mut self.names);
         match fsmeta::read_xattrs(path) {
