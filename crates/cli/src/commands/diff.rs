@@ -3,7 +3,7 @@
 use std::ffi::OsStr;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use cairn_core::ops::diff::{self, Change, ChangeKind, ContentDiff, DiffOptions, DiffSide};
