@@ -11,8 +11,7 @@ mkdir -p "$work"
 # shellcheck source=bench/lib.sh
 source "$here/bench/lib.sh"
 src=$(prepare_linux_tree "$work")
-(cd "$here" && cargo build --release -p cairn-cli -q)
-cairn="$here/target/release/cairn"
+cairn=$(build_cairn "$here")
 export CAIRN_PASSWORD=bench CAIRN_REPOSITORY="$work/browse-repo"
 rm -rf "$work/browse-repo" "$work/restore" "$work/copy"
 "$cairn" init -q

@@ -19,3 +19,9 @@ measure() {
   local name=$1; shift
   /usr/bin/time -f "$name: %e s wall, %U s user, %S s sys, %M KiB peak RSS" "$@" >/dev/null
 }
+
+# Builds cairn in release mode in the checkout $1 and prints the binary's path.
+build_cairn() {
+  (cd "$1" && cargo build --release -p cairn-cli -q)
+  echo "$1/target/release/cairn"
+}

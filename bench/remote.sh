@@ -12,8 +12,7 @@ mkdir -p "$work"
 # shellcheck source=bench/lib.sh
 source "$here/bench/lib.sh"
 src=$(prepare_linux_tree "$work")
-(cd "$here" && cargo build --release -p cairn-cli -q)
-cairn="$here/target/release/cairn"
+cairn=$(build_cairn "$here")
 
 services="$work/services"
 rm -rf "$services"

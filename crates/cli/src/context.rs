@@ -232,7 +232,7 @@ fn storage_at(path: &Path) -> Result<Arc<dyn Storage>> {
 /// Keeps a remote repository's index, snapshots and trees in the local cache, unless
 /// `--no-cache`. A cache that cannot be created is a warning: the command still runs.
 fn attach_cache(repo: &mut Repository, global: &GlobalArgs) {
-    if global.no_cache || repo.storage().request_counts().is_none() {
+    if global.no_cache || !repo.storage().is_remote() {
         return;
     }
     let Some(base) = global

@@ -71,19 +71,6 @@ pub enum Error {
         suggestions: Vec<String>,
     },
 
-    /// A path the user named is missing; `nearest` holds the closest names in the deepest
-    /// directory of the path that does exist.
-    #[error(
-        "Path {path} is not in snapshot {snapshot}{}",
-        near_names(dir, nearest)
-    )]
-    PathNotFoundNear {
-        path: String,
-        snapshot: String,
-        dir: String,
-        nearest: Vec<String>,
-    },
-
     /// A snapshot the user named is missing; `existing` describes the closest ones.
     #[error("No snapshot matches {spec:?}; {}", existing_snapshots(existing))]
     SnapshotNotFoundAmong { spec: String, existing: Vec<String> },
@@ -141,14 +128,6 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
-}
-
-fn near_names(dir: &str, nearest: &[String]) -> String {
-    if nearest.is_empty() {
-        format!("; {dir} has no entries")
-    } else {
-        format!("; closest names in {dir}: {}", nearest.join(", "))
-    }
 }
 
 fn existing_snapshots(existing: &[String]) -> String {

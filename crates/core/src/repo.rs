@@ -102,8 +102,7 @@ impl Repository {
     }
 
     fn assemble(storage: Arc<dyn Storage>, config: Config, key: MasterKey) -> Self {
-        // Stores that count requests are the ones where a request costs a round trip.
-        let storage_is_remote = storage.request_counts().is_some();
+        let storage_is_remote = storage.is_remote();
         Repository {
             storage,
             config,

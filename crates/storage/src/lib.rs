@@ -63,6 +63,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Whether each request costs a network round trip (then caching and reading ahead
+    /// pay off).
+    fn is_remote(&self) -> bool {
+        self.request_counts().is_some()
+    }
+
     /// Whether [`write`](Self::write)'s create-only check is atomic. Where it is not
     /// (SFTP has no create-if-absent rename), two writes racing for one name may both
     /// succeed and the last one stays, whole. cairn names every file but `config` by

@@ -80,17 +80,8 @@ impl TestEnv {
 
     /// `cairn` with the isolated environment and the password, but no repository option.
     pub fn bare_cmd(&self) -> Command {
-        let mut cmd = Command::from_std(detached(cairn_bin()));
-        cmd.env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("HOME", self.root.join("home"))
-            .env("XDG_DATA_HOME", self.root.join("data"))
-            .env("XDG_CONFIG_HOME", self.root.join("config"))
-            .env("XDG_CACHE_HOME", self.root.join("home/.cache"))
-            .env("LC_ALL", "C.UTF-8")
-            .env("CAIRN_PASSWORD", PASSWORD)
-            .current_dir(&self.root)
-            .timeout(COMMAND_TIMEOUT);
+        let mut cmd = Command::from_std(spawnable_bare(self));
+        cmd.timeout(COMMAND_TIMEOUT);
         cmd
     }
 

@@ -70,11 +70,13 @@ pub fn find(repo: &Repository, snapshot: &Snapshot, path: &[u8]) -> Result<Entry
 /// longer name, at least 2), nearest first; a name that extends `name` counts as close, so
 /// `hel` finds `hello.txt`.
 fn nearest_names<'t>(tree: &'t Tree, name: &[u8], max: usize) -> Vec<&'t [u8]> {
+    // strsim compares sized collections; this runs only when a path is missing.
+    let wanted = name.to_vec();
     let mut scored: Vec<(usize, &[u8])> = tree
         .nodes
         .iter()
         .filter_map(|n| {
-            let distance = edit_distance(&n.name, name);
+            let distance = strsim::generic_levenshtein(&n.name, &wanted);
             let limit = (n.name.len().max(name.len()) / 3).max(2);
             let close = distance <= limit || (!name.is_empty() && n.name.starts_with(name));
             close.then_some((distance, n.name.as_slice()))
@@ -82,21 +84,6 @@ fn nearest_names<'t>(tree: &'t Tree, name: &[u8], max: usize) -> Vec<&'t [u8]> {
         .collect();
     scored.sort();
     scored.into_iter().take(max).map(|(_, n)| n).collect()
-}
-
-/// Levenshtein distance over bytes, in one row of memory.
-fn edit_distance(a: &[u8], b: &[u8]) -> usize {
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, &ca) in a.iter().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let substitute = diagonal + usize::from(ca != cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substitute.min(row[j] + 1).min(row[j + 1] + 1);
-        }
-    }
-    row[b.len()]
 }
 
 /// Calls `visit` with the path and node of everything below `tree`, depth first, parents
@@ -236,19 +223,5 @@ impl Read for FileReader<'_> {
         self.start += n;
         self.read_total += n as u64;
         Ok(n)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn edit_distance_counts_single_byte_edits() {
-        assert_eq!(edit_distance(b"hello", b"hello"), 0);
-        assert_eq!(edit_distance(b"hello", b"helo"), 1);
-        assert_eq!(edit_distance(b"hello", b"jello"), 1);
-        assert_eq!(edit_distance(b"", b"abc"), 3);
-        assert_eq!(edit_distance(b"kitten", b"sitting"), 3);
     }
 }

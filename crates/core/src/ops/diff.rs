@@ -16,7 +16,6 @@ use crate::fsmeta::{self, NameCache};
 use crate::id::{BlobId, SnapshotId};
 use crate::monitor::Monitor;
 use crate::ops::browse::{self, path_names, Entry};
-use crate::ops::select;
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{Node, NodeKind};
@@ -204,11 +203,11 @@ pub fn diff(
     // A live directory the snapshot does not hold is more likely a typo than a wish to
     // see every file as added: say which paths the snapshot has.
     for (side, start) in [(old, &a), (new, &b)] {
-        if let (DiffSide::Snapshot { id, snapshot }, Start::Item(None), Some(l)) =
+        if let (DiffSide::Snapshot { snapshot, .. }, Start::Item(None), Some(l)) =
             (side, start, &live)
         {
             if opts.path.is_none() || normalized(l) == top {
-                select::find_path(repo, id, snapshot, &top)?;
+                browse::find(repo, snapshot, &top)?;
             }
         }
     }
@@ -226,8 +225,8 @@ pub fn diff(
         (Start::Item(None), Start::Item(None)) => {
             // Neither side has it: let the first snapshot side say which names exist.
             for side in [old, new] {
-                if let DiffSide::Snapshot { id, snapshot } = side {
-                    select::find_path(repo, id, snapshot, &top)?;
+                if let DiffSide::Snapshot { snapshot, .. } = side {
+                    browse::find(repo, snapshot, &top)?;
                 }
             }
             return Err(Error::InvalidInput(format!(

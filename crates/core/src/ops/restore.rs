@@ -111,7 +111,7 @@ pub fn restore(
     }
     let existed = prepare_target(&opts.target, opts.overwrite.is_some())?;
     // A remote store answers each read after a round trip: more files in flight there.
-    let writers = if repo.storage().request_counts().is_some() {
+    let writers = if repo.storage().is_remote() {
         REMOTE_WRITERS
     } else {
         WRITERS
