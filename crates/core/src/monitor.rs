@@ -15,6 +15,13 @@ pub trait Monitor: Sync {
         let _ = (path, bytes);
     }
 
+    /// `bytes` more of file content are handled: read (in steps as a large file streams
+    /// through) or, for a file unchanged since the parent snapshot, reused all at once.
+    /// Over a whole run the calls add up to the bytes of all files `file_done` reports.
+    fn bytes_done(&self, bytes: u64) {
+        let _ = bytes;
+    }
+
     /// Whether the user asked to stop (Ctrl-C): long operations check this often and
     /// return `Error::Interrupted`, cleaning up on the way out.
     fn cancelled(&self) -> bool {
