@@ -115,6 +115,10 @@ pub enum Error {
 
     #[error("Interrupted; nothing was committed")]
     Interrupted,
+
+    /// The blob writer stopped on an error of its own; `BlobWriter::cause` returns it.
+    #[error("the blob writer stopped")]
+    WriterStopped,
 }
 
 /// An error and all its sources on one line, `outer: inner: innermost`, for messages

@@ -18,7 +18,7 @@ use crate::index::{BlobLocation, Index, IndexFile, IndexedPack};
 use crate::pack::{self, BlobKind, PackEntry};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
-use crate::window::{PackWindows, WINDOW};
+use crate::window::{PackWindows, RecentBlobs, WINDOW};
 use crate::writer::BlobWriter;
 
 /// Settings fixed when a repository is created.
@@ -65,6 +65,8 @@ pub struct Repository {
     windows: Option<PackWindows>,
     /// Where the last blob the index places in each pack ends; reset with the index.
     pack_ends: std::sync::OnceLock<HashMap<PackId, u64>>,
+    /// Recently read plaintext blobs, for readers of many small files.
+    recent_blobs: RecentBlobs,
 }
 
 /// All readable snapshots, oldest first, and the ones that could not be read.
@@ -112,6 +114,7 @@ impl Repository {
             cache: None,
             tree_packs: std::sync::OnceLock::new(),
             windows: storage_is_remote.then(PackWindows::default),
+            recent_blobs: RecentBlobs::default(),
             pack_ends: std::sync::OnceLock::new(),
         }
     }
@@ -287,6 +290,17 @@ impl Repository {
         self.read_sealed_blob(id).map(|(_, plain)| plain)
     }
 
+    /// A blob's verified plaintext, kept among the last few read: for readers of files,
+    /// whose small files share bundles (restore, dump, mount, diff).
+    pub fn read_blob_shared(&self, id: &BlobId) -> Result<Arc<Vec<u8>>> {
+        let fetch = || self.read_blob(id).ok();
+        match self.recent_blobs.get(*id, fetch) {
+            Some(blob) => Ok(blob),
+            // Read again for the error: failures are not kept.
+            None => self.read_blob(id).map(Arc::new),
+        }
+    }
+
     /// The blob as stored (sealed) and its verified plaintext.
     fn read_sealed_blob(&self, id: &BlobId) -> Result<(Vec<u8>, Vec<u8>)> {
         let loc = self
@@ -333,7 +347,7 @@ impl Repository {
             })
             .get(&loc.pack)?;
         let window_end = (start + WINDOW).min(pack_end);
-        let window = windows.get(loc.pack, start, || {
+        let window = windows.get((loc.pack, start), || {
             self.storage
                 .read_range(&loc.pack.storage_name(), start, window_end - start)
                 .ok()

@@ -5,11 +5,14 @@
 //! ```text
 //! add() ──jobs──▶ sealers (one per core) ──sealed blobs──▶ packer ──▶ storage
 //! ```
-//! Queues are bounded, so memory stays at a few chunks per thread plus one pack.
+//! Queues are bounded, so memory stays at a few chunks per thread plus one pack. `add`
+//! takes `&self`: backup's file workers share one writer.
 
 use std::collections::HashSet;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use cairn_storage::Storage;
 use crossbeam_channel::{bounded, Receiver, Sender};
@@ -55,17 +58,50 @@ pub struct WriterReport {
     pub raw_bytes_added: u64,
     /// Bytes written to storage (packs, headers included).
     pub stored_bytes_added: u64,
+    /// Time the sealer threads spent compressing, summed over threads.
+    pub compress_time: Duration,
+    /// Time the sealer threads spent encrypting, summed over threads.
+    pub encrypt_time: Duration,
+    /// Time spent storing packs and interim index files.
+    pub write_time: Duration,
+}
+
+/// Nanoseconds summed over threads, for per-phase timings.
+#[derive(Debug, Default)]
+pub struct PhaseTimer(AtomicU64);
+
+impl PhaseTimer {
+    /// Adds the time since `since`.
+    pub fn add(&self, since: Instant) {
+        self.add_duration(since.elapsed());
+    }
+
+    pub fn add_duration(&self, d: Duration) {
+        self.0.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub fn total(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// Compression and encryption time of all sealers.
+#[derive(Default)]
+struct SealTimes {
+    compress: PhaseTimer,
+    encrypt: PhaseTimer,
 }
 
 pub struct BlobWriter<'r> {
     repo: &'r Repository,
-    pending: HashSet<BlobId>,
+    pending: Mutex<HashSet<BlobId>>,
     jobs: Option<Sender<Job>>,
     sealers: Vec<JoinHandle<()>>,
     packer: Option<JoinHandle<Result<WriterReport>>>,
-    blobs_added: u64,
-    raw_bytes_added: u64,
-    reused_packs: HashSet<PackId>,
+    blobs_added: AtomicU64,
+    raw_bytes_added: AtomicU64,
+    reused_packs: Mutex<HashSet<PackId>>,
+    seal_times: Arc<SealTimes>,
 }
 
 impl<'r> BlobWriter<'r> {
@@ -73,12 +109,14 @@ impl<'r> BlobWriter<'r> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (job_tx, job_rx) = bounded::<Job>(threads * 2);
         let (sealed_tx, sealed_rx) = bounded::<Sealed>(threads * 2);
+        let seal_times = Arc::new(SealTimes::default());
         let sealers = (0..threads)
             .map(|_| {
                 let (rx, tx) = (job_rx.clone(), sealed_tx.clone());
                 let key = Arc::clone(repo.key());
                 let codec = repo.config().compression;
-                std::thread::spawn(move || seal_loop(&key, codec, rx, tx))
+                let times = Arc::clone(&seal_times);
+                std::thread::spawn(move || seal_loop(&key, codec, &times, rx, tx))
             })
             .collect();
         drop(sealed_tx);
@@ -91,35 +129,27 @@ impl<'r> BlobWriter<'r> {
         });
         BlobWriter {
             repo,
-            pending: HashSet::new(),
+            pending: Mutex::default(),
             jobs: Some(job_tx),
             sealers,
             packer: Some(packer),
-            blobs_added: 0,
-            raw_bytes_added: 0,
-            reused_packs: HashSet::new(),
+            blobs_added: AtomicU64::new(0),
+            raw_bytes_added: AtomicU64::new(0),
+            reused_packs: Mutex::default(),
+            seal_times,
         }
     }
 
     /// Stores `data` unless the repository already has it. Returns its id and whether it
     /// was new.
-    pub fn add(&mut self, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
+    pub fn add(&self, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
         let id = self.repo.key().blob_id(data);
         self.add_with_id(id, kind, data)
     }
 
     /// As [`add`](Self::add), for a caller that already hashed `data` with the repository's key.
-    pub fn add_with_id(
-        &mut self,
-        id: BlobId,
-        kind: BlobKind,
-        data: &[u8],
-    ) -> Result<(BlobId, bool)> {
-        let index = self.repo.index();
-        if index.contains_live(&id) {
-            if let Some(loc) = index.get(&id) {
-                self.reused_packs.insert(loc.pack);
-            }
+    pub fn add_with_id(&self, id: BlobId, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
+        if self.in_repository(&id) {
             return Ok((id, false));
         }
         self.store(id, kind, data)
@@ -127,29 +157,41 @@ impl<'r> BlobWriter<'r> {
 
     /// Whether the repository has blob `id` (or this writer stores it): then a caller
     /// that has not read the blob's data yet need not (copy with shared ids).
-    pub fn has(&mut self, id: &BlobId) -> bool {
+    pub fn has(&self, id: &BlobId) -> bool {
+        self.in_repository(id) || self.lock_pending().contains(id)
+    }
+
+    /// Whether a live pack holds `id`; if so, this writer's result relies on that pack.
+    fn in_repository(&self, id: &BlobId) -> bool {
         let index = self.repo.index();
-        if index.contains_live(id) {
-            if let Some(loc) = index.get(id) {
-                self.reused_packs.insert(loc.pack);
-            }
-            return true;
+        if !index.contains_live(id) {
+            return false;
         }
-        self.pending.contains(id)
+        if let Some(loc) = index.get(id) {
+            let mut reused = self.reused_packs.lock().unwrap_or_else(|p| p.into_inner());
+            reused.insert(loc.pack);
+        }
+        true
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashSet<BlobId>> {
+        // A panicking holder left the set consistent: an insert either happened or not.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stores `data` again even though the index has it (prune's repacking).
-    pub fn add_copy(&mut self, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
+    pub fn add_copy(&self, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
         let id = self.repo.key().blob_id(data);
         self.store(id, kind, data)
     }
 
-    fn store(&mut self, id: BlobId, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
-        if !self.pending.insert(id) {
+    fn store(&self, id: BlobId, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
+        if !self.lock_pending().insert(id) {
             return Ok((id, false));
         }
-        self.blobs_added += 1;
-        self.raw_bytes_added += data.len() as u64;
+        self.blobs_added.fetch_add(1, Ordering::Relaxed);
+        self.raw_bytes_added
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
         let job = Job {
             id,
             kind,
@@ -158,16 +200,9 @@ impl<'r> BlobWriter<'r> {
         let sent = self.jobs.as_ref().map(|tx| tx.send(job).is_ok());
         if sent != Some(true) {
             // The packer stopped on an error; finish() reports it.
-            return Err(self.stop());
+            return Err(Error::WriterStopped);
         }
         Ok((id, true))
-    }
-
-    fn stop(&mut self) -> Error {
-        match self.join() {
-            Err(e) => e,
-            Ok(_) => Error::InvalidInput("the blob writer stopped unexpectedly".into()),
-        }
     }
 
     fn join(&mut self) -> Result<WriterReport> {
@@ -190,10 +225,28 @@ impl<'r> BlobWriter<'r> {
     /// an index naming them ([`Repository::write_index`]).
     pub fn finish(mut self) -> Result<WriterReport> {
         let mut report = self.join()?;
-        report.blobs_added = self.blobs_added;
-        report.raw_bytes_added = self.raw_bytes_added;
-        report.reused_packs = std::mem::take(&mut self.reused_packs);
+        report.blobs_added = *self.blobs_added.get_mut();
+        report.raw_bytes_added = *self.raw_bytes_added.get_mut();
+        report.reused_packs = std::mem::take(
+            self.reused_packs
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        report.compress_time = self.seal_times.compress.total();
+        report.encrypt_time = self.seal_times.encrypt.total();
         Ok(report)
+    }
+
+    /// Why `add` failed with [`Error::WriterStopped`]: stops the writer and returns the
+    /// error that stopped it (or `stopped` itself when there was none).
+    pub fn cause(mut self, stopped: Error) -> Error {
+        if !matches!(stopped, Error::WriterStopped) {
+            return stopped;
+        }
+        match self.join() {
+            Err(e) => e,
+            Ok(_) => stopped,
+        }
     }
 }
 
@@ -205,14 +258,25 @@ impl Drop for BlobWriter<'_> {
     }
 }
 
-fn seal_loop(key: &MasterKey, codec: Compression, jobs: Receiver<Job>, out: Sender<Sealed>) {
+fn seal_loop(
+    key: &MasterKey,
+    codec: Compression,
+    times: &SealTimes,
+    jobs: Receiver<Job>,
+    out: Sender<Sealed>,
+) {
     let mut compressor = compress::Compressor::new(codec);
     for job in jobs {
+        let started = Instant::now();
         let tagged = compressor.compress(&job.data);
+        times.compress.add(started);
+        let started = Instant::now();
+        let sealed = key.seal(&tagged);
+        times.encrypt.add(started);
         let sealed = Sealed {
             id: job.id,
             kind: job.kind,
-            sealed: key.seal(&tagged),
+            sealed,
             raw_length: job.data.len() as u32,
         };
         if out.send(sealed).is_err() {
@@ -234,7 +298,9 @@ fn pack_loop(
     let mut report = WriterReport::default();
     let store = |pack: PackWriter, report: &mut WriterReport| -> Result<()> {
         let (id, bytes, entries) = pack.finish(key);
+        let started = Instant::now();
         storage.write(&id.storage_name(), &bytes)?;
+        report.write_time += started.elapsed();
         report.stored_bytes_added += bytes.len() as u64;
         if let Some(cache) = cache {
             // Only once the pack is stored, so the cache never holds what the
@@ -250,7 +316,9 @@ fn pack_loop(
         if report.packs.len() - report.packs_indexed >= PACKS_PER_INTERIM_INDEX {
             let file = IndexFile::new(report.packs[report.packs_indexed..].to_vec());
             let bytes = file.seal(key);
+            let started = Instant::now();
             storage.write(&IndexId::of_bytes(&bytes).storage_name(), &bytes)?;
+            report.write_time += started.elapsed();
             report.packs_indexed = report.packs.len();
         }
         Ok(())

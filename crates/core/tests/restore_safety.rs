@@ -46,7 +46,7 @@ fn node(name: &[u8], kind: NodeKind) -> Node {
 /// Stores `root` (a tree whose nodes may reference `file_data`) and returns a snapshot of it.
 fn snapshot_of(repo: &mut Repository, build: impl FnOnce(ContentRef) -> Vec<Node>) -> Snapshot {
     let data = b"payload".to_vec();
-    let mut writer = repo.blob_writer();
+    let writer = repo.blob_writer();
     let (blob, _) = writer.add(BlobKind::Data, &data).unwrap();
     let mut nodes = build(ContentRef {
         blob,
@@ -121,7 +121,7 @@ fn an_existing_symlink_in_the_target_is_never_followed() {
     // symlink to a directory outside it.
     let sub = {
         let data = b"payload".to_vec();
-        let mut w = repo.blob_writer();
+        let w = repo.blob_writer();
         let (blob, _) = w.add(BlobKind::Data, &data).unwrap();
         let c = ContentRef {
             blob,

@@ -36,6 +36,7 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
         exclude_if_present: a.exclude_if_present.clone(),
         exclude_caches: a.exclude_caches,
         exclude_larger_than: a.exclude_larger_than,
+        read_threads: a.read_threads.map_or(0, usize::from),
     };
     let report = if a.stdin {
         let name = a
@@ -102,12 +103,32 @@ fn print(g: &GlobalArgs, r: &BackupReport) -> Result<()> {
     )?;
     writeln!(
         out,
+        "Chunks:   {} read, {} already stored",
+        s.chunks, s.chunks_present
+    )?;
+    writeln!(
+        out,
         "Added:    {} stored ({} before compression, {} new blobs)",
         output::size(s.bytes_added),
         output::size(s.raw_bytes_added),
         s.blobs_added
     )?;
     writeln!(out, "Duration: {}", output::seconds(s.duration_ms))?;
+    if g.stats {
+        // Summed over threads: with several cores busy they exceed the duration.
+        let p = &s.phases_ms;
+        writeln!(
+            out,
+            "Phases:   walk {}, read {}, chunk {}, hash {}, compress {}, encrypt {}, write {} (summed over threads)",
+            output::seconds(p.walk),
+            output::seconds(p.read),
+            output::seconds(p.chunk),
+            output::seconds(p.hash),
+            output::seconds(p.compress),
+            output::seconds(p.encrypt),
+            output::seconds(p.write)
+        )?;
+    }
     writeln!(out, "snapshot {} saved", r.snapshot_id.short())?;
     if !s.errors.is_empty() {
         eprintln!(

@@ -1,17 +1,18 @@
 //! `backup`: walk the source paths in name order, read the parent snapshot's trees in step
-//! to skip files whose metadata did not change, chunk and hash the rest, hand new blobs
-//! to the writer, store trees bottom-up, then the index, then the snapshot, last.
+//! to skip files whose metadata did not change, have worker threads read, chunk and hash
+//! the rest (`ingest`), store trees bottom-up, then the index, then the snapshot, last.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
-use std::fs::{File, Metadata};
+use std::fs::Metadata;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use cairn_chunker::{Chunker, ChunkerParams};
+use cairn_chunker::ChunkerParams;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -20,12 +21,13 @@ use crate::id::{BlobId, PackId, SnapshotId};
 use crate::monitor::Monitor;
 use crate::ops::exclude::Excludes;
 use crate::ops::ignore_files::{self, IgnoreStack};
+use crate::ops::ingest::{self, Context, FileContent, Outcome, Pool, Timings, Work};
 use crate::pack::BlobKind;
 use crate::repo::Repository;
 use crate::session::Session;
 use crate::snapshot::{Snapshot, SnapshotSummary};
-use crate::tree::{ContentRef, Node, NodeKind, Tree};
-use crate::writer::{BlobWriter, WriterReport as Written};
+use crate::tree::{Node, NodeKind, Tree};
+use crate::writer::WriterReport as Written;
 
 /// What to back up and how. Plain data: the CLI fills it from its flags.
 #[derive(Debug, Clone, Default)]
@@ -50,6 +52,8 @@ pub struct BackupOptions {
     pub exclude_caches: bool,
     /// Leave out files larger than this many bytes.
     pub exclude_larger_than: Option<u64>,
+    /// Threads reading files (0: as many as cores, at least 4: reads wait on the disk).
+    pub read_threads: usize,
 }
 
 /// A path that could not be backed up, and why.
@@ -77,8 +81,32 @@ pub struct BackupStats {
     pub raw_bytes_added: u64,
     /// Bytes written to the repository after dedup and compression.
     pub bytes_added: u64,
+    /// Chunks of the files read (small files bundled together count once per bundle
+    /// they use), and how many of them the repository already had.
+    pub chunks: u64,
+    pub chunks_present: u64,
     pub errors: Vec<SourceProblem>,
     pub duration_ms: u64,
+    /// Time spent in each phase, summed over the threads doing it.
+    pub phases_ms: PhaseTimes,
+}
+
+/// Milliseconds per phase of a backup, summed over threads: with several cores busy, the
+/// phases add up to more than the wall time. The largest is what limits the backup.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PhaseTimes {
+    /// Listing directories, `lstat`, extended attributes (the walking thread).
+    pub walk: u64,
+    /// Reading file contents.
+    pub read: u64,
+    /// Finding chunk boundaries.
+    pub chunk: u64,
+    /// Computing blob ids.
+    pub hash: u64,
+    pub compress: u64,
+    pub encrypt: u64,
+    /// Storing packs and index files.
+    pub write: u64,
 }
 
 #[derive(Debug)]
@@ -120,12 +148,10 @@ pub fn backup(
         None => None,
     };
     let excludes = Excludes::new(&opts.excludes)?;
-    let (tree, stats) = {
-        let mut archiver = Archiver::new(repo, opts, &excludes, monitor)?;
-        let root = SourceDir::build(&paths);
-        let tree = archiver.save_virtual(&root, parent_tree.as_ref())?;
-        archiver.finish(tree)?
-    };
+    let root = SourceDir::build(&paths);
+    let (tree, stats) = run(repo, opts, &excludes, monitor, |a| {
+        a.save_virtual(&root, parent_tree.as_ref())
+    })?;
     commit(
         repo,
         session,
@@ -154,13 +180,12 @@ pub fn backup_stdin(
     }
     let session = begin(repo, opts)?;
     let excludes = Excludes::new(&[])?;
-    let (tree, stats) = {
-        let mut archiver = Archiver::new(repo, opts, &excludes, monitor)?;
-        let (content, size) = archiver
-            .chunk(reader)?
+    let (tree, stats) = run(repo, opts, &excludes, monitor, |archiver| {
+        let mut buffer = Vec::new();
+        let file = ingest::chunk_stream(archiver.ctx, reader, &mut buffer)?
             .map_err(|e| Error::io("<stdin>", e))?;
-        archiver.stats.files_new = 1;
-        archiver.stats.total_bytes = size;
+        archiver.count_read(&file, false);
+        let (size, content) = (file.size, file.content);
         let now = crate::tree::Time::now();
         let node = Node {
             name: name.as_bytes().to_vec(),
@@ -177,9 +202,8 @@ pub fn backup_stdin(
             links: 1,
             xattrs: Vec::new(),
         };
-        let tree = archiver.save_tree(Tree { nodes: vec![node] })?;
-        archiver.finish(tree)?
-    };
+        archiver.save_tree(Tree { nodes: vec![node] })
+    })?;
     let paths = vec![format!("/{name}")];
     commit(repo, session, tree, stats, None, paths, opts, started)
 }
@@ -322,60 +346,107 @@ impl SourceDir {
     }
 }
 
-struct Archiver<'r, 'o> {
-    repo: &'r Repository,
-    writer: BlobWriter<'r>,
-    params: ChunkerParams,
-    seed: u64,
-    opts: &'o BackupOptions,
-    excludes: &'o Excludes,
-    monitor: &'o dyn Monitor,
-    names: NameCache,
-    stats: BackupStats,
-    /// The device of the top-level path being walked, for --one-file-system.
-    root_device: u64,
-    /// The chunker's buffer, kept from file to file.
-    chunk_buf: Vec<u8>,
-    /// Packs holding the chunks of unchanged files, which this snapshot builds on.
-    reused_packs: HashSet<PackId>,
-    /// Ignore-file matchers of the directories being walked.
-    ignores: IgnoreStack,
-}
-
-impl<'r, 'o> Archiver<'r, 'o> {
-    fn new(
-        repo: &'r Repository,
-        opts: &'o BackupOptions,
-        excludes: &'o Excludes,
-        monitor: &'o dyn Monitor,
-    ) -> Result<Self> {
-        Ok(Archiver {
+/// Starts the writer and the file workers, lets `walk` save the root tree through an
+/// [`Archiver`], then waits for every blob to be stored.
+fn run<F>(
+    repo: &Repository,
+    opts: &BackupOptions,
+    excludes: &Excludes,
+    monitor: &dyn Monitor,
+    walk: F,
+) -> Result<((BlobId, Written), BackupStats)>
+where
+    F: FnOnce(&mut Archiver) -> Result<BlobId>,
+{
+    let writer = repo.blob_writer();
+    let timings = Timings::default();
+    let abort = AtomicBool::new(false);
+    let ctx = Context {
+        writer: &writer,
+        key: repo.key(),
+        params: repo.chunker_params()?,
+        seed: repo.key().chunker_seed(),
+        monitor,
+        timings: &timings,
+        abort: &abort,
+    };
+    let threads = match opts.read_threads {
+        0 => std::thread::available_parallelism().map_or(4, |n| n.get().max(4)),
+        n => n,
+    };
+    let walked = std::thread::scope(|scope| {
+        let pool = Pool::start(scope, &ctx, threads);
+        let mut archiver = Archiver {
             repo,
-            writer: repo.blob_writer(),
-            params: repo.chunker_params()?,
-            seed: repo.key().chunker_seed(),
+            ctx: &ctx,
+            pool: &pool,
             opts,
             excludes,
             monitor,
             names: NameCache::default(),
             stats: BackupStats::default(),
             root_device: 0,
-            chunk_buf: Vec::new(),
             reused_packs: HashSet::new(),
             ignores: IgnoreStack::default(),
-        })
-    }
+        };
+        let tree = walk(&mut archiver);
+        if tree.is_err() {
+            // Queued files are dropped; the workers finish what they hold and stop.
+            abort.store(true, Ordering::Relaxed);
+        }
+        tree.map(|t| (t, archiver.stats, archiver.reused_packs))
+    });
+    let (tree, mut stats, reused) = match walked {
+        Ok(walked) => walked,
+        Err(e) => return Err(writer.cause(e)),
+    };
+    let mut report = writer.finish()?;
+    stats.blobs_added = report.blobs_added;
+    stats.raw_bytes_added = report.raw_bytes_added;
+    stats.bytes_added = report.stored_bytes_added;
+    let ms = |d: Duration| d.as_millis() as u64;
+    stats.phases_ms = PhaseTimes {
+        walk: ms(timings.walk.total()),
+        read: ms(timings.read.total()),
+        chunk: ms(timings.chunk.total()),
+        hash: ms(timings.hash.total()),
+        compress: ms(report.compress_time),
+        encrypt: ms(report.encrypt_time),
+        write: ms(report.write_time),
+    };
+    report.reused_packs.extend(reused);
+    Ok(((tree, report), stats))
+}
 
-    fn finish(self, tree: BlobId) -> Result<((BlobId, Written), BackupStats)> {
-        let mut stats = self.stats;
-        let mut report = self.writer.finish()?;
-        stats.blobs_added = report.blobs_added;
-        stats.raw_bytes_added = report.raw_bytes_added;
-        stats.bytes_added = report.stored_bytes_added;
-        report.reused_packs.extend(self.reused_packs);
-        Ok(((tree, report), stats))
-    }
+/// Walks the source in name order and builds its trees; file contents come from the
+/// workers of `pool`.
+struct Archiver<'a> {
+    repo: &'a Repository,
+    ctx: &'a Context<'a>,
+    pool: &'a Pool,
+    opts: &'a BackupOptions,
+    excludes: &'a Excludes,
+    monitor: &'a dyn Monitor,
+    names: NameCache,
+    stats: BackupStats,
+    /// The device of the top-level path being walked, for --one-file-system.
+    root_device: u64,
+    /// Packs holding the chunks of unchanged files, which this snapshot builds on.
+    reused_packs: HashSet<PackId>,
+    /// Ignore-file matchers of the directories being walked.
+    ignores: IgnoreStack,
+}
 
+/// A file of the directory being saved whose content the workers are reading.
+struct Reading {
+    /// Its place among the directory's nodes.
+    node: usize,
+    path: PathBuf,
+    /// Whether the parent snapshot had a file here (then it counts as changed, not new).
+    changed: bool,
+}
+
+impl Archiver<'_> {
     fn problem(&mut self, path: &Path, error: &dyn std::fmt::Display) {
         self.monitor.problem(path, error);
         self.stats.errors.push(SourceProblem {
@@ -385,7 +456,20 @@ impl<'r, 'o> Archiver<'r, 'o> {
     }
 
     fn save_tree(&mut self, tree: Tree) -> Result<BlobId> {
-        Ok(self.writer.add(BlobKind::Tree, &tree.to_bytes())?.0)
+        Ok(self.ctx.writer.add(BlobKind::Tree, &tree.to_bytes())?.0)
+    }
+
+    /// Counts a file whose content was read.
+    fn count_read(&mut self, file: &FileContent, changed: bool) {
+        if changed {
+            self.stats.files_changed += 1;
+        } else {
+            self.stats.files_new += 1;
+        }
+        self.stats.total_bytes += file.size;
+        self.stats.bytes_read += file.size;
+        self.stats.chunks += file.chunks;
+        self.stats.chunks_present += file.chunks - file.chunks_new;
     }
 
     /// The subtree of the parent snapshot at the same place, if it is a directory there.
@@ -430,9 +514,8 @@ impl<'r, 'o> Archiver<'r, 'o> {
             match child {
                 SourceDir::Walk(p) => {
                     self.root_device = md.dev();
-                    if let Some(node) = self.save_entry(name.clone(), p, md, parent_node)? {
-                        nodes.push(node);
-                    }
+                    let entries = vec![(name.clone(), p.clone())];
+                    nodes.extend(self.save_entries(entries, parent, false)?);
                 }
                 SourceDir::Virtual(p, grandchildren) => {
                     let sub_parent = self.parent_subtree(parent_node, p);
@@ -446,15 +529,19 @@ impl<'r, 'o> Archiver<'r, 'o> {
     }
 
     fn node(&mut self, name: Vec<u8>, path: &Path, md: &Metadata, kind: NodeKind) -> Node {
+        let started = Instant::now();
         let mut node = fsmeta::node_from_metadata(name, md, kind, &mut self.names);
-        match fsmeta::read_xattrs(path) {
+        let xattrs = fsmeta::read_xattrs(path);
+        self.ctx.timings.walk.add(started);
+        match xattrs {
             Ok(x) => node.xattrs = x,
             Err(e) => self.problem(path, &format!("extended attributes not saved: {e}")),
         }
         node
     }
 
-    /// Saves one directory entry; `None` when it is excluded or unreadable (reported).
+    /// Saves one directory entry that is not a regular file (those are `save_entries`'
+    /// business); `None` when it is excluded or unreadable (reported).
     fn save_entry(
         &mut self,
         name: Vec<u8>,
@@ -474,19 +561,6 @@ impl<'r, 'o> Archiver<'r, 'o> {
             let subtree = self.save_dir(path, sub_parent.as_ref())?;
             self.stats.dirs += 1;
             NodeKind::Dir { subtree }
-        } else if ft.is_file() {
-            if self
-                .opts
-                .exclude_larger_than
-                .is_some_and(|max| md.len() > max)
-            {
-                self.stats.excluded += 1;
-                return Ok(None);
-            }
-            match self.save_file(path, &md, parent)? {
-                Some(kind) => kind,
-                None => return Ok(None),
-            }
         } else if ft.is_symlink() {
             match std::fs::read_link(path) {
                 Ok(t) => {
@@ -508,19 +582,25 @@ impl<'r, 'o> Archiver<'r, 'o> {
     }
 
     fn save_dir(&mut self, dir: &Path, parent: Option<&Tree>) -> Result<BlobId> {
+        let started = Instant::now();
         let mut entries: Vec<(Vec<u8>, PathBuf)> = Vec::new();
+        let mut problems = Vec::new();
         match std::fs::read_dir(dir) {
             Ok(rd) => {
                 for entry in rd {
                     match entry {
                         Ok(e) => entries.push((e.file_name().as_bytes().to_vec(), e.path())),
-                        Err(e) => self.problem(dir, &format!("listing incomplete: {e}")),
+                        Err(e) => problems.push(format!("listing incomplete: {e}")),
                     }
                 }
             }
-            Err(e) => self.problem(dir, &format!("directory not read, saved empty: {e}")),
+            Err(e) => problems.push(format!("directory not read, saved empty: {e}")),
         }
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        self.ctx.timings.walk.add(started);
+        for p in problems {
+            self.problem(dir, &p);
+        }
         let present = |n: &std::ffi::OsStr| {
             entries
                 .binary_search_by(|e| e.0.as_slice().cmp(n.as_bytes()))
@@ -532,7 +612,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
         for (file, e) in unreadable {
             self.problem(&file, &format!("ignore file not read, not applied: {e}"));
         }
-        let nodes = self.save_entries(entries, parent);
+        let nodes = self.save_entries(entries, parent, true);
         if pushed {
             self.ignores.pop();
         }
@@ -549,119 +629,184 @@ impl<'r, 'o> Archiver<'r, 'o> {
             || (self.opts.exclude_caches && ignore_files::has_cachedir_tag(dir))
     }
 
+    /// Saves a directory's entries, in order. Files to read go to the workers (small ones
+    /// bundled) while the walk descends into subdirectories; their nodes are completed
+    /// when the results are in. `filtered`: whether excludes and ignore files apply (not
+    /// to the paths the user named).
     fn save_entries(
         &mut self,
         entries: Vec<(Vec<u8>, PathBuf)>,
         parent: Option<&Tree>,
+        filtered: bool,
     ) -> Result<Vec<Node>> {
-        let mut nodes = Vec::with_capacity(entries.len());
+        let (results_tx, results) = crossbeam_channel::unbounded::<(usize, Outcome)>();
+        let mut nodes: Vec<Option<Node>> = Vec::with_capacity(entries.len());
+        let mut reading: Vec<Reading> = Vec::new();
+        let mut bundle = Bundler::new(self.ctx.params);
         for (name, path) in entries {
             if self.monitor.cancelled() {
                 return Err(Error::Interrupted);
             }
-            let md = match std::fs::symlink_metadata(&path) {
+            let started = Instant::now();
+            let md = std::fs::symlink_metadata(&path);
+            self.ctx.timings.walk.add(started);
+            let md = match md {
                 Ok(md) => md,
                 Err(e) => {
                     self.problem(&path, &e);
                     continue;
                 }
             };
-            if self.excludes.matches(&path) || self.ignores.is_ignored(&path, md.is_dir()) {
+            if filtered
+                && (self.excludes.matches(&path) || self.ignores.is_ignored(&path, md.is_dir()))
+            {
                 self.stats.excluded += 1;
                 continue;
             }
             let parent_node = parent.and_then(|t| t.find(&name));
+            if md.is_file() {
+                if self
+                    .opts
+                    .exclude_larger_than
+                    .is_some_and(|max| md.len() > max)
+                {
+                    self.stats.excluded += 1;
+                    continue;
+                }
+                if let Some(kind) = self.reuse(&path, &md, parent_node) {
+                    nodes.push(Some(self.node(name, &path, &md, kind)));
+                } else {
+                    let slot = reading.len();
+                    let placeholder = NodeKind::File {
+                        size: 0,
+                        content: Vec::new(),
+                    };
+                    nodes.push(Some(self.node(name, &path, &md, placeholder)));
+                    reading.push(Reading {
+                        node: nodes.len() - 1,
+                        path: path.clone(),
+                        changed: matches!(
+                            parent_node.map(|p| &p.kind),
+                            Some(NodeKind::File { .. })
+                        ),
+                    });
+                    if let Some(work) = bundle.add(slot, path, md.len()) {
+                        self.pool.submit(work, &results_tx)?;
+                    }
+                }
+                continue;
+            }
             if let Some(node) = self.save_entry(name, &path, md, parent_node)? {
-                nodes.push(node);
+                nodes.push(Some(node));
             }
         }
-        Ok(nodes)
+        if let Some(work) = bundle.finish() {
+            self.pool.submit(work, &results_tx)?;
+        }
+        drop(results_tx);
+        // Every job holds a sender: the channel ends when the last result is in.
+        for (slot, outcome) in results {
+            let Some(r) = reading.get(slot) else {
+                return Err(outcome.err().unwrap_or(Error::WriterStopped));
+            };
+            let node = &mut nodes[r.node];
+            match outcome? {
+                Ok(file) => {
+                    self.count_read(&file, r.changed);
+                    self.monitor.file_done(&r.path, file.size);
+                    if let Some(n) = node {
+                        n.kind = NodeKind::File {
+                            size: file.size,
+                            content: file.content,
+                        };
+                    }
+                }
+                Err(e) => {
+                    *node = None;
+                    let path = r.path.clone();
+                    self.problem(&path, &e);
+                }
+            }
+        }
+        Ok(nodes.into_iter().flatten().collect())
     }
 
-    /// A file's node kind, reusing the parent's chunk list when its metadata is unchanged.
-    fn save_file(
-        &mut self,
-        path: &Path,
-        md: &Metadata,
-        parent: Option<&Node>,
-    ) -> Result<Option<NodeKind>> {
-        if let Some(p) = parent {
-            if let NodeKind::File { size, content } = &p.kind {
-                let unchanged = !self.opts.force
-                    && *size == md.len()
-                    && p.mtime == fsmeta::mtime(md)
-                    && p.ctime == fsmeta::ctime(md)
-                    && p.inode == md.ino()
-                    && p.device == md.dev()
-                    && content
-                        .iter()
-                        .all(|c| self.repo.index().contains_live(&c.blob));
-                if unchanged {
-                    let index = self.repo.index();
-                    self.reused_packs.extend(
-                        content
-                            .iter()
-                            .filter_map(|c| index.get(&c.blob))
-                            .map(|l| l.pack),
-                    );
-                    self.stats.files_unchanged += 1;
-                    self.stats.total_bytes += size;
-                    self.monitor.file_done(path, *size);
-                    return Ok(Some(NodeKind::File {
-                        size: *size,
-                        content: content.clone(),
-                    }));
-                }
-            }
-        }
-        let result = match File::open(path) {
-            Ok(mut f) => self.chunk(&mut f)?,
-            Err(e) => Err(e),
+    /// The parent's node kind for a file whose metadata is unchanged since the parent
+    /// snapshot and whose chunks are all still stored; `None` when it must be read.
+    fn reuse(&mut self, path: &Path, md: &Metadata, parent: Option<&Node>) -> Option<NodeKind> {
+        let NodeKind::File { size, content } = &parent?.kind else {
+            return None;
         };
-        Ok(match result {
-            Ok((content, size)) => {
-                if matches!(parent.map(|p| &p.kind), Some(NodeKind::File { .. })) {
-                    self.stats.files_changed += 1;
-                } else {
-                    self.stats.files_new += 1;
-                }
-                self.stats.total_bytes += size;
-                self.monitor.file_done(path, size);
-                Some(NodeKind::File { size, content })
-            }
-            Err(e) => {
-                self.problem(path, &e);
-                None
-            }
+        let p = parent?;
+        let index = self.repo.index();
+        let unchanged = !self.opts.force
+            && *size == md.len()
+            && p.mtime == fsmeta::mtime(md)
+            && p.ctime == fsmeta::ctime(md)
+            && p.inode == md.ino()
+            && p.device == md.dev()
+            && content.iter().all(|c| index.contains_live(&c.blob));
+        if !unchanged {
+            return None;
+        }
+        self.reused_packs.extend(
+            content
+                .iter()
+                .filter_map(|c| index.get(&c.blob))
+                .map(|l| l.pack),
+        );
+        self.stats.files_unchanged += 1;
+        self.stats.total_bytes += size;
+        self.monitor.bytes_done(*size);
+        self.monitor.file_done(path, *size);
+        Some(NodeKind::File {
+            size: *size,
+            content: content.clone(),
         })
     }
+}
 
-    /// Chunks, hashes and stores everything `reader` yields. The outer error is the
-    /// repository's (fatal), the inner one the source's (reported, file skipped).
-    fn chunk(&mut self, reader: &mut dyn Read) -> Result<std::io::Result<(Vec<ContentRef>, u64)>> {
-        let buffer = std::mem::take(&mut self.chunk_buf);
-        let mut chunker = Chunker::with_buffer(reader, self.params, self.seed, buffer);
-        let mut content = Vec::new();
-        loop {
-            if self.monitor.cancelled() {
-                return Err(Error::Interrupted);
-            }
-            let chunk = match chunker.next_chunk() {
-                Ok(Some(chunk)) => chunk,
-                Ok(None) => break,
-                Err(e) => return Ok(Err(e)),
-            };
-            let (blob, _) = self.writer.add(BlobKind::Data, chunk.data)?;
-            content.push(ContentRef {
-                blob,
-                offset: 0,
-                len: chunk.data.len() as u32,
-            });
+/// Groups the small files of one directory, in name order, into bundles of about the
+/// average chunk size; larger files become jobs of their own.
+struct Bundler {
+    /// Files below this size are bundled: the chunker would not cut them anyway.
+    small: u64,
+    /// A bundle is sent once it holds this much.
+    target: u64,
+    files: Vec<(usize, PathBuf)>,
+    bytes: u64,
+}
+
+impl Bundler {
+    fn new(params: ChunkerParams) -> Self {
+        Bundler {
+            small: u64::from(params.min_size),
+            target: u64::from(params.avg_size),
+            files: Vec::new(),
+            bytes: 0,
         }
-        let size = chunker.position();
-        self.chunk_buf = chunker.into_buffer();
-        self.stats.bytes_read += size;
-        Ok(Ok((content, size)))
+    }
+
+    /// Takes a file to read; returns work ready to be queued.
+    fn add(&mut self, slot: usize, path: PathBuf, size: u64) -> Option<Work> {
+        if size >= self.small {
+            return Some(Work::File(slot, path));
+        }
+        self.files.push((slot, path));
+        self.bytes += size;
+        if self.bytes >= self.target {
+            return self.finish();
+        }
+        None
+    }
+
+    /// The bundle being filled, if any.
+    fn finish(&mut self) -> Option<Work> {
+        self.bytes = 0;
+        if self.files.is_empty() {
+            return None;
+        }
+        Some(Work::Bundle(std::mem::take(&mut self.files)))
     }
 }
 

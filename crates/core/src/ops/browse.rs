@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::id::BlobId;
@@ -118,7 +119,7 @@ pub fn cat(repo: &Repository, node: &Node, path: &str, out: &mut dyn Write) -> R
     };
     let mut written = 0;
     for part in content {
-        let blob = repo.read_blob(&part.blob)?;
+        let blob = repo.read_blob_shared(&part.blob)?;
         let range = blob
             .get(part.offset as usize..(part.offset + part.len) as usize)
             .ok_or_else(|| {
@@ -143,7 +144,7 @@ pub struct FileReader<'a> {
     content: &'a [ContentRef],
     size: u64,
     next_ref: usize,
-    blob: Vec<u8>,
+    blob: Arc<Vec<u8>>,
     /// The unread part of `blob`.
     start: usize,
     end: usize,
@@ -164,7 +165,7 @@ impl<'a> FileReader<'a> {
             content,
             size: *size,
             next_ref: 0,
-            blob: Vec::new(),
+            blob: Arc::default(),
             start: 0,
             end: 0,
             read_total: 0,
@@ -177,7 +178,7 @@ impl<'a> FileReader<'a> {
             return Ok(false);
         };
         self.next_ref += 1;
-        self.blob = self.repo.read_blob(&part.blob)?;
+        self.blob = self.repo.read_blob_shared(&part.blob)?;
         let (start, end) = (
             part.offset as usize,
             part.offset as usize + part.len as usize,

@@ -93,10 +93,14 @@ pub fn copy(src: &Repository, dst: &mut Repository, opts: &CopyOptions) -> Resul
             trees: HashMap::new(),
             blobs_read: 0,
         };
-        let trees = todo
+        let trees = match todo
             .iter()
             .map(|(_, s)| copier.tree(&s.tree))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>()
+        {
+            Ok(trees) => trees,
+            Err(e) => return Err(copier.writer.cause(e)),
+        };
         report.blobs_read = copier.blobs_read;
         (trees, copier.writer.finish()?)
     };

@@ -9,6 +9,7 @@ pub mod exclude;
 pub mod find;
 pub mod forget;
 pub mod ignore_files;
+pub mod ingest;
 pub mod prune;
 pub mod repair;
 pub mod restore;

@@ -368,17 +368,19 @@ pub(crate) fn repack(
 ) -> Result<()> {
     let total: usize = packs.iter().map(|(_, e)| e.len()).sum();
     let written = {
-        let mut writer = repo.blob_writer();
+        let writer = repo.blob_writer();
         let mut done = 0;
-        for (_, entries) in packs {
-            for e in entries {
-                let data = repo.read_blob(&e.id)?;
-                writer.add_copy(e.kind, &data)?;
-                done += 1;
-                monitor.progress("repacking", done, total as u64);
-            }
+        let copied = packs.iter().flat_map(|(_, e)| e).try_for_each(|e| {
+            let data = repo.read_blob(&e.id)?;
+            writer.add_copy(e.kind, &data)?;
+            done += 1;
+            monitor.progress("repacking", done, total as u64);
+            Ok(())
+        });
+        match copied {
+            Ok(()) => writer.finish()?,
+            Err(e) => return Err(writer.cause(e)),
         }
-        writer.finish()?
     };
     repo.write_index(written.packs[written.packs_indexed..].to_vec())?;
     repo.absorb(&written.packs);

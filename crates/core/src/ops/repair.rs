@@ -209,8 +209,15 @@ pub fn repair_snapshots(
                 lost.push(*id);
                 continue;
             }
-            if let Some(tree) = fixer.fix_tree(&snapshot.tree)? {
-                repaired.push((*id, snapshot.clone(), tree));
+            match fixer.fix_tree(&snapshot.tree) {
+                Ok(Some(tree)) => repaired.push((*id, snapshot.clone(), tree)),
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(match fixer.writer {
+                        Some(w) => w.cause(e),
+                        None => e,
+                    })
+                }
             }
         }
         report.files_damaged = fixer.files_damaged;

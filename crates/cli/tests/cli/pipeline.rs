@@ -1,0 +1,187 @@
+//! The backup pipeline as a user sees it: small files bundled into shared blobs (and
+//! restored, verified and deduplicated as before), counters and phase timings in the
+//! summary, runs of zeros restored as holes.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::common::*;
+
+/// 3 directories of 100 small text files each (1-4 KiB) and one 3 MiB file.
+fn small_files(env: &TestEnv) -> PathBuf {
+    let src = env.path("src");
+    for d in 0..3u64 {
+        for f in 0..100u64 {
+            let len = 1024 + ((d * 100 + f) * 37 % 3072) as usize;
+            let name = format!("dir{d}/file{f:03}.txt");
+            write_file(&src.join(name), &compressible_bytes(len, d * 1000 + f));
+        }
+    }
+    write_file(&src.join("big.log"), &compressible_bytes(3 << 20, 7));
+    src
+}
+
+#[test]
+fn small_files_share_blobs_and_restore_exactly() {
+    let env = TestEnv::with_repo();
+    let src = small_files(&env);
+    let summary = env.backup(&[&src], &[]);
+    assert_eq!(json_u64(&summary, "files_new"), 301);
+    // 300 files of ~2.5 KiB in three directories fit in a few bundles of ~1 MiB.
+    let blobs = json_u64(&summary, "blobs_added");
+    assert!(blobs < 30, "300 small files should share blobs: {summary}");
+    // The big file's chunks and one per bundle.
+    let chunks = json_u64(&summary, "chunks");
+    assert!((4..=blobs).contains(&chunks), "{summary}");
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+    // One small file alone, from the middle of its bundle.
+    let inner = src.join("dir1/file050.txt");
+    let out = env
+        .cmd()
+        .args(["cat", "latest"])
+        .arg(&inner)
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn cat of a bundled file");
+    assert_eq!(out.stdout, fs::read(&inner).unwrap());
+}
+
+#[test]
+fn a_copied_tree_is_stored_once() {
+    let env = TestEnv::with_repo();
+    let src = small_files(&env);
+    let first = env.backup(&[&src], &[]);
+    let copy = env.path("copy");
+    copy_tree(&src, &copy);
+    // Another path: no parent snapshot, every file is read again.
+    let second = env.backup(&[&copy], &[]);
+    assert_eq!(json_u64(&second, "files_new"), 301, "{second}");
+    assert_eq!(
+        json_u64(&second, "chunks_present"),
+        json_u64(&second, "chunks"),
+        "every chunk of the copy is already stored: {second}"
+    );
+    // Only trees are new.
+    assert!(
+        json_u64(&second, "raw_bytes_added") * 20 < json_u64(&first, "raw_bytes_added"),
+        "first {first}\nsecond {second}"
+    );
+}
+
+#[test]
+fn a_changed_small_file_is_stored_alone() {
+    let env = TestEnv::with_repo();
+    let src = small_files(&env);
+    env.backup(&[&src], &[]);
+    let changed = src.join("dir2/file010.txt");
+    write_file(&changed, &compressible_bytes(2000, 99_999));
+    let second = env.backup(&[&src], &[]);
+    assert_eq!(json_u64(&second, "files_changed"), 1, "{second}");
+    assert_eq!(json_u64(&second, "files_unchanged"), 300, "{second}");
+    // The file and the trees above it, not its neighbours' bundle.
+    assert!(
+        json_u64(&second, "raw_bytes_added") < 2000 + 32 * 1024,
+        "{second}"
+    );
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
+#[test]
+fn verified_resume_keeps_intact_bundled_files_and_mends_a_damaged_one() {
+    let env = TestEnv::with_repo();
+    let src = small_files(&env);
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    let again = |env: &TestEnv| {
+        let out = env.restore(
+            "latest",
+            &target,
+            &["--overwrite", "if-changed", "--verify", "--json"],
+        );
+        parse_json(&out.stdout, "cairn restore --json")
+    };
+    let stats = again(&env);
+    assert_eq!(json_u64(&stats, "files_restored"), 0, "{stats}");
+    // Same size and mtime, different bytes: only --verify can tell.
+    let victim = restored_path(&target, &src.join("dir0/file020.txt"));
+    let md = fs::metadata(&victim).unwrap();
+    let mut bytes = fs::read(&victim).unwrap();
+    bytes[100] ^= 0x20;
+    fs::write(&victim, &bytes).unwrap();
+    set_mtime(&victim, md.mtime(), md.mtime_nsec());
+    let stats = again(&env);
+    assert_eq!(json_u64(&stats, "files_restored"), 1, "{stats}");
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
+#[test]
+fn backup_reports_phase_times_and_chunk_counts() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("data.log"), &compressible_bytes(24 << 20, 3));
+    let summary = env.backup(&[&src], &[]);
+    let phases = &summary["phases_ms"];
+    for phase in [
+        "walk", "read", "chunk", "hash", "compress", "encrypt", "write",
+    ] {
+        assert!(phases[phase].is_u64(), "phases_ms.{phase} in {summary}");
+    }
+    // 24 MiB through zstd takes measurable time on any machine.
+    assert!(json_u64(phases, "compress") > 0, "{summary}");
+    assert_eq!(json_u64(&summary, "chunks_present"), 0, "{summary}");
+    let out = env
+        .cmd()
+        .args(["backup", "--stats", "--force"])
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn backup --stats");
+    let text = stdout(&out);
+    assert!(
+        text.contains("Phases:") && text.contains("compress"),
+        "{text}"
+    );
+    assert!(text.contains("already stored"), "{text}");
+    let out = env.cmd().arg("backup").arg(&src).output().unwrap();
+    assert!(!stdout(&out).contains("Phases:"), "only with --stats");
+}
+
+/// Bytes of disk a file occupies.
+fn allocated(path: &Path) -> u64 {
+    fs::metadata(path).unwrap().blocks() * 512
+}
+
+#[test]
+fn runs_of_zeros_are_restored_as_holes() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    let mut middle = random_bytes(64 << 10, 1);
+    middle.extend(vec![0u8; 16 << 20]);
+    middle.extend(random_bytes(64 << 10, 2));
+    write_file(&src.join("middle.img"), &middle);
+    let mut tail = random_bytes(64 << 10, 3);
+    tail.extend(vec![0u8; 16 << 20]);
+    write_file(&src.join("tail.img"), &tail);
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    for name in ["middle.img", "tail.img"] {
+        let restored = restored_path(&target, &src.join(name));
+        assert_eq!(
+            fs::read(&restored).unwrap(),
+            fs::read(src.join(name)).unwrap()
+        );
+        // 16 MiB of zeros take no blocks (a file system without holes fails this).
+        assert!(
+            allocated(&restored) < 4 << 20,
+            "{name}: {} bytes allocated",
+            allocated(&restored)
+        );
+    }
+}

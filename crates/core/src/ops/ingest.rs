@@ -1,0 +1,286 @@
+//! File contents into blobs, for backup: worker threads open, read, chunk and hash files and
+//! hand new blobs to the shared [`BlobWriter`], while the walk goes on in name order.
+//!
+//! ```text
+//! walk ──Work──▶ workers (read, chunk, hash, dedup) ──blobs──▶ BlobWriter (compress, seal, pack)
+//!   ▲                    │
+//!   └──── per-directory results (content lists) ◀┘
+//! ```
+//!
+//! Files smaller than the chunker's minimum are bundled: the small files a backup reads in
+//! one directory are concatenated, in name order, into blobs of about the average chunk
+//! size, and each file points into its bundle by offset. Compression context then spans
+//! files (the Linux tree's repository shrinks by a fifth) and a directory of small files
+//! costs a few blobs instead of one per file. The same files read in the same directory
+//! make the same bundles, so a copied tree still deduplicates; a small file that changes
+//! alone is stored alone.
+
+use std::cell::Cell;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cairn_chunker::{Chunker, ChunkerParams};
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::crypto::MasterKey;
+use crate::error::{Error, Result};
+use crate::monitor::Monitor;
+use crate::pack::BlobKind;
+use crate::tree::ContentRef;
+use crate::writer::{BlobWriter, PhaseTimer};
+
+/// What a backup spent its time on, summed over threads (so phases can add up to more than
+/// the wall time).
+#[derive(Debug, Default)]
+pub struct Timings {
+    pub walk: PhaseTimer,
+    pub read: PhaseTimer,
+    pub chunk: PhaseTimer,
+    pub hash: PhaseTimer,
+}
+
+/// A file's content as stored.
+#[derive(Debug, Default)]
+pub struct FileContent {
+    pub content: Vec<ContentRef>,
+    pub size: u64,
+    /// Blobs referenced, and how many of them this backup stored (the rest were present).
+    pub chunks: u64,
+    pub chunks_new: u64,
+}
+
+/// A repository error (fatal) around a source error (that file is skipped and reported).
+pub type Outcome = Result<io::Result<FileContent>>;
+
+/// Files to read, each with the caller's slot number for its result.
+pub enum Work {
+    /// A file cut into chunks of its own.
+    File(usize, PathBuf),
+    /// Small files of one directory, stored together.
+    Bundle(Vec<(usize, PathBuf)>),
+}
+
+struct Job {
+    work: Work,
+    results: Sender<(usize, Outcome)>,
+}
+
+/// What the workers share.
+pub struct Context<'a> {
+    pub writer: &'a BlobWriter<'a>,
+    pub key: &'a MasterKey,
+    pub params: ChunkerParams,
+    pub seed: u64,
+    pub monitor: &'a dyn Monitor,
+    pub timings: &'a Timings,
+    /// Set when the backup fails: workers drop what is queued.
+    pub abort: &'a AtomicBool,
+}
+
+/// The worker threads, alive for one scope.
+pub struct Pool {
+    jobs: Sender<Job>,
+}
+
+impl Pool {
+    /// Starts `threads` workers in `scope`. Each holds at most one bundle or one chunker
+    /// buffer (up to the largest chunk), and the queue holds jobs, not data: memory does
+    /// not grow with file sizes.
+    pub fn start<'scope, 'env: 'scope>(
+        scope: &'scope std::thread::Scope<'scope, 'env>,
+        ctx: &'env Context<'env>,
+        threads: usize,
+    ) -> Pool {
+        let (tx, rx) = crossbeam_channel::bounded::<Job>(threads * 2);
+        for _ in 0..threads {
+            let rx: Receiver<Job> = rx.clone();
+            scope.spawn(move || {
+                let mut buffer = Vec::new();
+                for job in rx {
+                    if ctx.abort.load(Ordering::Relaxed) {
+                        continue;
+                    }
+                    run(ctx, job, &mut buffer);
+                }
+            });
+        }
+        Pool { jobs: tx }
+    }
+
+    /// Queues `work`; its results arrive on `results`, one per slot.
+    pub fn submit(&self, work: Work, results: &Sender<(usize, Outcome)>) -> Result<()> {
+        let job = Job {
+            work,
+            results: results.clone(),
+        };
+        self.jobs.send(job).map_err(|_| Error::WriterStopped)
+    }
+}
+
+fn run(ctx: &Context, job: Job, buffer: &mut Vec<u8>) {
+    match job.work {
+        Work::File(slot, path) => {
+            let outcome = match File::open(&path) {
+                Ok(mut f) => chunk_stream(ctx, &mut f, buffer),
+                Err(e) => Ok(Err(e)),
+            };
+            let _ = job.results.send((slot, outcome));
+        }
+        Work::Bundle(files) => {
+            for result in bundle(ctx, files, buffer) {
+                let _ = job.results.send(result);
+            }
+        }
+    }
+}
+
+/// Reads small files into one blob. A file that grew past the bundle limit since it was
+/// listed is chunked on its own instead.
+fn bundle(
+    ctx: &Context,
+    files: Vec<(usize, PathBuf)>,
+    buffer: &mut Vec<u8>,
+) -> Vec<(usize, Outcome)> {
+    let limit = u64::from(ctx.params.min_size);
+    let mut data = Vec::with_capacity(ctx.params.avg_size as usize + ctx.params.min_size as usize);
+    // (slot, offset, length) of each file read into `data`.
+    let mut placed: Vec<(usize, usize, usize)> = Vec::with_capacity(files.len());
+    let mut out = Vec::with_capacity(files.len());
+    for (slot, path) in files {
+        if ctx.monitor.cancelled() {
+            out.push((slot, Err(Error::Interrupted)));
+            continue;
+        }
+        let start = data.len();
+        let read = File::open(&path).and_then(|f| {
+            let started = Instant::now();
+            let r = f.take(limit + 1).read_to_end(&mut data);
+            ctx.timings.read.add(started);
+            r
+        });
+        match read {
+            Ok(n) if n as u64 > limit => {
+                data.truncate(start);
+                let outcome = match File::open(&path) {
+                    Ok(mut f) => chunk_stream(ctx, &mut f, buffer),
+                    Err(e) => Ok(Err(e)),
+                };
+                out.push((slot, outcome));
+            }
+            Ok(n) => {
+                ctx.monitor.bytes_done(n as u64);
+                placed.push((slot, start, n));
+            }
+            Err(e) => {
+                data.truncate(start);
+                out.push((slot, Ok(Err(e))));
+            }
+        }
+    }
+    if data.is_empty() {
+        out.extend(
+            placed
+                .into_iter()
+                .map(|(slot, _, _)| (slot, Ok(Ok(FileContent::default())))),
+        );
+        return out;
+    }
+    let stored = store(ctx, &data);
+    // The bundle counts as one chunk, on the first file in it.
+    let mut counted = false;
+    for (slot, offset, len) in placed {
+        let outcome = match &stored {
+            Err(_) => Err(Error::WriterStopped),
+            Ok(_) if len == 0 => Ok(Ok(FileContent::default())),
+            Ok((blob, new)) => {
+                let first = !std::mem::replace(&mut counted, true);
+                Ok(Ok(FileContent {
+                    content: vec![ContentRef {
+                        blob: *blob,
+                        offset: offset as u32,
+                        len: len as u32,
+                    }],
+                    size: len as u64,
+                    chunks: u64::from(first),
+                    chunks_new: u64::from(first && *new),
+                }))
+            }
+        };
+        out.push((slot, outcome));
+    }
+    if let Err(e) = stored {
+        // One error is enough for the walk to stop; the writer says why.
+        out.push((usize::MAX, Err(e)));
+    }
+    out
+}
+
+/// Hashes `data` and hands it to the writer; returns its id and whether it was new.
+fn store(ctx: &Context, data: &[u8]) -> Result<(crate::id::BlobId, bool)> {
+    let started = Instant::now();
+    let id = ctx.key.blob_id(data);
+    ctx.timings.hash.add(started);
+    ctx.writer.add_with_id(id, BlobKind::Data, data)
+}
+
+/// A reader that counts the time spent in `read`, so that chunking time can be told apart
+/// from reading time.
+struct TimedRead<'a, R> {
+    inner: R,
+    spent: &'a Cell<Duration>,
+}
+
+impl<R: Read> Read for TimedRead<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let started = Instant::now();
+        let r = self.inner.read(buf);
+        self.spent.set(self.spent.get() + started.elapsed());
+        r
+    }
+}
+
+/// Chunks, hashes and stores everything `reader` yields. `buffer` is the chunker's, kept
+/// from file to file.
+pub fn chunk_stream(ctx: &Context, reader: &mut dyn Read, buffer: &mut Vec<u8>) -> Outcome {
+    let read_time = Cell::new(Duration::ZERO);
+    let timed = TimedRead {
+        inner: reader,
+        spent: &read_time,
+    };
+    let mut chunker = Chunker::with_buffer(timed, ctx.params, ctx.seed, std::mem::take(buffer));
+    let mut file = FileContent::default();
+    let outcome = loop {
+        if ctx.monitor.cancelled() || ctx.abort.load(Ordering::Relaxed) {
+            break Err(Error::Interrupted);
+        }
+        let started = Instant::now();
+        let before = read_time.get();
+        let next = chunker.next_chunk();
+        let cutting = started.elapsed().saturating_sub(read_time.get() - before);
+        ctx.timings.chunk.add_duration(cutting);
+        let chunk = match next {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) => break Ok(Ok(())),
+            Err(e) => break Ok(Err(e)),
+        };
+        let (blob, new) = match store(ctx, chunk.data) {
+            Ok(stored) => stored,
+            Err(e) => break Err(e),
+        };
+        file.chunks += 1;
+        file.chunks_new += u64::from(new);
+        file.content.push(ContentRef {
+            blob,
+            offset: 0,
+            len: chunk.data.len() as u32,
+        });
+        ctx.monitor.bytes_done(chunk.data.len() as u64);
+    };
+    file.size = chunker.position();
+    *buffer = chunker.into_buffer();
+    ctx.timings.read.add_duration(read_time.get());
+    Ok(outcome?.map(|()| file))
+}
