@@ -606,6 +606,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
                     );
                     self.stats.files_unchanged += 1;
                     self.stats.total_bytes += size;
+                    self.monitor.bytes_done(*size);
                     self.monitor.file_done(path, *size);
                     return Ok(Some(NodeKind::File {
                         size: *size,
@@ -652,6 +653,7 @@ impl<'r, 'o> Archiver<'r, 'o> {
                 Err(e) => return Ok(Err(e)),
             };
             let (blob, _) = self.writer.add(BlobKind::Data, chunk.data)?;
+            self.monitor.bytes_done(chunk.data.len() as u64);
             content.push(ContentRef {
                 blob,
                 offset: 0,

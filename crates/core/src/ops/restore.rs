@@ -245,6 +245,7 @@ fn write_file(
         file.write_all(range).map_err(|e| e.to_string())?;
         hasher.update(range);
         written += range.len() as u64;
+        monitor.bytes_done(range.len() as u64);
     }
     if written != *size {
         return Err(format!(
