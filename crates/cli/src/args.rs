@@ -358,6 +358,10 @@ pub struct BackupArgs {
     /// Read every file, even those whose metadata is unchanged
     #[arg(long)]
     pub force: bool,
+    /// Do not count the files first: the progress display then shows counts and rate
+    /// but no total or ETA
+    #[arg(long)]
+    pub no_scan: bool,
 }
 
 #[derive(Debug, Args)]
