@@ -20,6 +20,7 @@ mod inspect;
 mod maintenance;
 mod mount;
 mod options;
+mod progress;
 mod props;
 mod remote;
 mod remote_cluster;
