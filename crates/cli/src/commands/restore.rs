@@ -50,11 +50,13 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         if monitor.shown() && opts.includes.is_empty() && opts.excludes.is_empty() {
             match opts.subpath.as_deref() {
                 None => monitor.set_totals(snapshot.summary.files, snapshot.summary.total_bytes),
-                Some(path) => {
+                // Without a cache, counting would download a remote subtree's trees twice.
+                Some(path) if !repo.storage().is_remote() || repo.cache().is_some() => {
                     let (repo, snapshot, feed) = (&repo, &snapshot, monitor.feed());
                     let counting = &counting;
                     scope.spawn(move || count_selection(repo, snapshot, path, feed, counting));
                 }
+                Some(_) => {}
             }
         }
         let stats = restore::restore(&repo, &snapshot, &opts, &monitor);
