@@ -362,6 +362,10 @@ pub struct BackupArgs {
     /// most one chunk or one bundle of small files, so this bounds the working set.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub read_threads: Option<u16>,
+    /// Do not count the files first: the progress display then shows counts and rate
+    /// but no total or ETA
+    #[arg(long)]
+    pub no_scan: bool,
 }
 
 #[derive(Debug, Args)]

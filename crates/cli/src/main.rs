@@ -7,6 +7,7 @@ mod config;
 mod context;
 mod mount;
 mod output;
+mod progress;
 mod signals;
 
 use std::process::ExitCode;

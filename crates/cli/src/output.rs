@@ -1,9 +1,7 @@
 //! Formatting for people: sizes, times, and the monitor that prints problems as they happen.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
 use cairn_core::monitor::Monitor;
 
@@ -50,51 +48,17 @@ pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints each problem on stderr the moment it happens, and a progress line when stderr
-/// is a terminal.
-pub struct StderrMonitor {
-    show_progress: bool,
-    last_progress_ms: AtomicU64,
-    started: Instant,
-}
-
-impl StderrMonitor {
-    pub fn new(global: &crate::args::GlobalArgs) -> Self {
-        StderrMonitor {
-            show_progress: !global.quiet && !global.json && std::io::stderr().is_terminal(),
-            last_progress_ms: AtomicU64::new(0),
-            started: Instant::now(),
-        }
-    }
-}
+/// Prints each problem on stderr the moment it happens. Commands that show progress use
+/// `progress::Progress`, which prints problems through this one, above its bar.
+pub struct StderrMonitor;
 
 impl Monitor for StderrMonitor {
     fn problem(&self, path: &Path, error: &dyn std::fmt::Display) {
-        if self.show_progress {
-            eprint!("\r\x1b[K");
-        }
         eprintln!("error: {}: {error}", path.display());
     }
 
     fn cancelled(&self) -> bool {
         crate::signals::interrupted()
-    }
-
-    fn progress(&self, what: &str, done: u64, total: u64) {
-        if !self.show_progress {
-            return;
-        }
-        let now = self.started.elapsed().as_millis() as u64;
-        let last = self.last_progress_ms.load(Ordering::Relaxed);
-        if done < total && now < last + 100 {
-            return;
-        }
-        self.last_progress_ms.store(now, Ordering::Relaxed);
-        let pct = (done * 100).checked_div(total).unwrap_or(100);
-        eprint!("\r\x1b[K{what}: {done}/{total} ({pct}%)");
-        if done >= total {
-            eprint!("\r\x1b[K");
-        }
     }
 }
 

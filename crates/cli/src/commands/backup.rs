@@ -5,7 +5,8 @@ use cairn_core::ops::backup::{self, BackupOptions, BackupReport};
 use cairn_core::ops::exclude::Excludes;
 
 use crate::args::{BackupArgs, GlobalArgs};
-use crate::output::{self, StderrMonitor};
+use crate::output;
+use crate::progress::{scan, Progress};
 use crate::{context, EXIT_PARTIAL};
 
 pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
@@ -38,16 +39,18 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
         exclude_larger_than: a.exclude_larger_than,
         read_threads: a.read_threads.map_or(0, usize::from),
     };
+    let monitor = progress(g, &a, &opts)?;
     let report = if a.stdin {
         let name = a
             .stdin_filename
             .as_deref()
             .context("--stdin needs --stdin-filename NAME")?;
         let mut stdin = std::io::stdin().lock();
-        backup::backup_stdin(&mut repo, name, &mut stdin, &opts, &StderrMonitor::new(g))?
+        backup::backup_stdin(&mut repo, name, &mut stdin, &opts, &monitor)?
     } else {
-        backup::backup(&mut repo, &opts, &StderrMonitor::new(g))?
+        backup::backup(&mut repo, &opts, &monitor)?
     };
+    monitor.finish();
     for problem in repo.index_problems() {
         eprintln!("warning: {}", cairn_core::error::chain(problem));
     }
@@ -57,6 +60,23 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
     } else {
         EXIT_PARTIAL
     })
+}
+
+/// The progress display, with a pre-scan of the paths for its totals unless `--no-scan`,
+/// `--stdin`, or nobody watches.
+fn progress(g: &GlobalArgs, a: &BackupArgs, opts: &BackupOptions) -> Result<Progress> {
+    let mut monitor = Progress::files(g, "backup");
+    if monitor.shown() && !a.no_scan && !a.stdin {
+        let scan = scan::ScanOptions {
+            paths: opts.paths.clone(),
+            excludes: Excludes::new(&opts.excludes)?,
+            one_file_system: opts.one_file_system,
+            exclude_larger_than: opts.exclude_larger_than,
+        };
+        let stop = scan::spawn(scan, monitor.feed());
+        monitor.stop_on_finish(stop);
+    }
+    Ok(monitor)
 }
 
 /// `.cairnignore` last, so that its patterns win over `.gitignore`'s in one directory.

@@ -5,7 +5,8 @@ use cairn_core::ops::check::{self, CheckOptions, Subset};
 
 use crate::args::{CheckArgs, GlobalArgs};
 use crate::context;
-use crate::output::{self, StderrMonitor};
+use crate::output;
+use crate::progress::Progress;
 
 pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
     let read_data = match (&a.read_data_subset, a.read_data) {
@@ -14,7 +15,9 @@ pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
         (None, false) => None,
     };
     let repo = context::open_uncached(g)?;
-    let report = check::check(&repo, &CheckOptions { read_data }, &StderrMonitor::new(g))?;
+    let monitor = Progress::phases(g, "check");
+    let report = check::check(&repo, &CheckOptions { read_data }, &monitor)?;
+    monitor.finish();
     let code = if report.problems.is_empty() { 0 } else { 1 };
     if g.json {
         output::json(&report)?;

@@ -38,7 +38,7 @@ pub fn run(g: &GlobalArgs, a: DiffArgs) -> Result<u8> {
         content: a.content,
         ..DiffOptions::default()
     };
-    let monitor = output::StderrMonitor::new(g);
+    let monitor = output::StderrMonitor;
     let report = diff::diff(&repo, &old, &new, &opts, &monitor).with_context(|| {
         format!(
             "Cannot compare {} with {}",

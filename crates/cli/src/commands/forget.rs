@@ -8,7 +8,8 @@ use cairn_core::ops::prune::{self, PruneOptions, PruneReport};
 
 use crate::args::{ForgetArgs, GlobalArgs};
 use crate::context;
-use crate::output::{self, StderrMonitor};
+use crate::output;
+use crate::progress::Progress;
 
 pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
     let policy = KeepPolicy {
@@ -132,7 +133,10 @@ fn run_prune(g: &GlobalArgs, max_unused: f64, dry_run: bool) -> Result<PruneRepo
         max_unused_percent: max_unused,
         dry_run,
     };
-    Ok(prune::prune(&mut repo, &opts, &StderrMonitor::new(g))?)
+    let monitor = Progress::phases(g, "prune");
+    let report = prune::prune(&mut repo, &opts, &monitor)?;
+    monitor.finish();
+    Ok(report)
 }
 
 fn print_prune(r: &PruneReport) {

@@ -3,14 +3,16 @@ use cairn_core::ops::repair;
 
 use crate::args::{GlobalArgs, RepairCommand};
 use crate::context;
-use crate::output::{self, StderrMonitor};
+use crate::output;
+use crate::progress::Progress;
 
 pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
     let mut repo = context::open_uncached(g)?;
-    let monitor = StderrMonitor::new(g);
+    let monitor = Progress::phases(g, "repair");
     match cmd {
         RepairCommand::Index(a) => {
             let r = repair::repair_index(&mut repo, a.read_data, &monitor)?;
+            monitor.finish();
             if g.json {
                 output::json(&r)?;
             } else if !g.quiet {
@@ -42,6 +44,7 @@ pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
         }
         RepairCommand::Snapshots(a) => {
             let r = repair::repair_snapshots(&mut repo, a.forget, a.dry_run, &monitor)?;
+            monitor.finish();
             if g.json {
                 output::json(&r)?;
             } else if !g.quiet {

@@ -1,11 +1,17 @@
 use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
+use cairn_core::ops::browse::{self, Entry};
 use cairn_core::ops::restore::{self, Overwrite, RestoreOptions};
+use cairn_core::repo::Repository;
+use cairn_core::snapshot::Snapshot;
+use cairn_core::tree::NodeKind;
 
 use crate::args::{GlobalArgs, OverwriteArg, RestoreArgs};
 use crate::context;
-use crate::output::{self, StderrMonitor};
+use crate::output;
+use crate::progress::{Feed, Progress};
 
 pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
     let arg = a.snapshot.as_bytes();
@@ -38,7 +44,26 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         excludes: a.excludes.clone(),
         delete: a.delete,
     };
-    let stats = restore::restore(&repo, &snapshot, &opts, &StderrMonitor::new(g))?;
+    let monitor = Progress::files(g, "restore");
+    let counting = AtomicBool::new(true);
+    let stats = std::thread::scope(|scope| {
+        if monitor.shown() && opts.includes.is_empty() && opts.excludes.is_empty() {
+            match opts.subpath.as_deref() {
+                None => monitor.set_totals(snapshot.summary.files, snapshot.summary.total_bytes),
+                // Without a cache, counting would download a remote subtree's trees twice.
+                Some(path) if !repo.storage().is_remote() || repo.cache().is_some() => {
+                    let (repo, snapshot, feed) = (&repo, &snapshot, monitor.feed());
+                    let counting = &counting;
+                    scope.spawn(move || count_selection(repo, snapshot, path, feed, counting));
+                }
+                Some(_) => {}
+            }
+        }
+        let stats = restore::restore(&repo, &snapshot, &opts, &monitor);
+        counting.store(false, Ordering::Relaxed);
+        stats
+    })?;
+    monitor.finish();
     if g.json {
         let mut v = serde_json::to_value(&stats)?;
         v["snapshot_id"] = id.to_hex().into();
@@ -68,6 +93,43 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
             stats.errors.len()
         );
         Ok(1)
+    }
+}
+
+/// The progress totals of a restore of `SNAPSHOT:PATH`, from its trees, while the restore
+/// runs (which reads the same trees, so the second reading is mostly from the cache).
+/// With `--include`/`--exclude` there are none: that selection is the core's to make.
+/// Gives up when `counting` turns false, and on any error, which the restore reports.
+fn count_selection(
+    repo: &Repository,
+    snapshot: &Snapshot,
+    path: &[u8],
+    mut feed: Feed,
+    counting: &AtomicBool,
+) {
+    let subtree = match browse::find(repo, snapshot, path) {
+        Ok(Entry::Root(tree)) => tree,
+        Ok(Entry::Node(node)) => match node.kind {
+            NodeKind::Dir { subtree } => subtree,
+            NodeKind::File { size, .. } => {
+                feed.add(1, size);
+                return feed.complete();
+            }
+            _ => return feed.complete(),
+        },
+        Err(_) => return,
+    };
+    let walked = browse::walk(repo, &subtree, path, &mut |_, node| {
+        if !counting.load(Ordering::Relaxed) {
+            return Err(cairn_core::Error::Interrupted);
+        }
+        if let NodeKind::File { size, .. } = node.kind {
+            feed.add(1, size);
+        }
+        Ok(())
+    });
+    if walked.is_ok() {
+        feed.complete();
     }
 }
 

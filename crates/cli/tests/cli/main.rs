@@ -21,6 +21,7 @@ mod maintenance;
 mod mount;
 mod options;
 mod pipeline;
+mod progress;
 mod props;
 mod remote;
 mod remote_cluster;
