@@ -22,6 +22,7 @@ use crate::monitor::Monitor;
 use crate::ops::exclude::Excludes;
 use crate::ops::ignore_files::{self, IgnoreStack};
 use crate::ops::ingest::{self, Context, FileContent, Outcome, Pool, Timings, Work};
+use crate::ops::walk::{Entry, Lookahead};
 use crate::pack::BlobKind;
 use crate::repo::Repository;
 use crate::session::Session;
@@ -376,6 +377,7 @@ where
     };
     let walked = std::thread::scope(|scope| {
         let pool = Pool::start(scope, &ctx, threads);
+        let lookahead = Lookahead::start(scope, repo, &timings.walk, threads);
         let mut archiver = Archiver {
             repo,
             ctx: &ctx,
@@ -388,6 +390,7 @@ where
             root_device: 0,
             reused_packs: HashSet::new(),
             ignores: IgnoreStack::default(),
+            lookahead,
         };
         let tree = walk(&mut archiver);
         if tree.is_err() {
@@ -435,6 +438,8 @@ struct Archiver<'a> {
     reused_packs: HashSet<PackId>,
     /// Ignore-file matchers of the directories being walked.
     ignores: IgnoreStack,
+    /// Directory listings made ahead of the walk.
+    lookahead: Lookahead<'a>,
 }
 
 /// A file of the directory being saved whose content the workers are reading.
@@ -504,61 +509,59 @@ impl Archiver<'_> {
             let path = match child {
                 SourceDir::Walk(p) | SourceDir::Virtual(p, _) => p,
             };
-            let md = match std::fs::symlink_metadata(path) {
-                Ok(md) => md,
+            let entry = Entry::read(name.clone(), path.clone());
+            let md = match &entry.md {
+                Ok(md) => md.clone(),
                 Err(e) => {
+                    let e = e.to_string();
                     self.problem(path, &e);
                     continue;
                 }
             };
             match child {
-                SourceDir::Walk(p) => {
+                SourceDir::Walk(_) => {
                     self.root_device = md.dev();
-                    let entries = vec![(name.clone(), p.clone())];
-                    nodes.extend(self.save_entries(entries, parent, false)?);
+                    nodes.extend(self.save_entries(vec![entry], parent, false)?);
                 }
                 SourceDir::Virtual(p, grandchildren) => {
                     let sub_parent = self.parent_subtree(parent_node, p);
                     let subtree = self.save_virtual(grandchildren, sub_parent.as_ref())?;
                     self.stats.dirs += 1;
-                    nodes.push(self.node(name.clone(), p, &md, NodeKind::Dir { subtree }));
+                    let node = self.node(entry, &md, NodeKind::Dir { subtree });
+                    nodes.push(node);
                 }
             }
         }
         self.save_tree(Tree { nodes })
     }
 
-    fn node(&mut self, name: Vec<u8>, path: &Path, md: &Metadata, kind: NodeKind) -> Node {
-        let started = Instant::now();
-        let mut node = fsmeta::node_from_metadata(name, md, kind, &mut self.names);
-        let xattrs = fsmeta::read_xattrs(path);
-        self.ctx.timings.walk.add(started);
-        match xattrs {
+    /// The node of `entry` (whose metadata is `md`) holding `kind`.
+    fn node(&mut self, entry: Entry, md: &Metadata, kind: NodeKind) -> Node {
+        let mut node = fsmeta::node_from_metadata(entry.name, md, kind, &mut self.names);
+        match entry.xattrs {
             Ok(x) => node.xattrs = x,
-            Err(e) => self.problem(path, &format!("extended attributes not saved: {e}")),
+            Err(e) => self.problem(&entry.path, &format!("extended attributes not saved: {e}")),
         }
         node
     }
 
-    /// Saves one directory entry that is not a regular file (those are `save_entries`'
-    /// business); `None` when it is excluded or unreadable (reported).
-    fn save_entry(
+    /// The kind of a directory entry that is not a regular file (those are
+    /// `save_entries`' business); `None` when it is excluded or unreadable (reported).
+    fn entry_kind(
         &mut self,
-        name: Vec<u8>,
         path: &Path,
-        md: Metadata,
+        md: &Metadata,
         parent: Option<&Node>,
-    ) -> Result<Option<Node>> {
+    ) -> Result<Option<NodeKind>> {
         let ft = md.file_type();
-        let kind = if ft.is_dir() {
+        Ok(Some(if ft.is_dir() {
             if (self.opts.one_file_system && md.dev() != self.root_device)
                 || self.is_tagged_dir(path)
             {
                 self.stats.excluded += 1;
                 return Ok(None);
             }
-            let sub_parent = self.parent_subtree(parent, path);
-            let subtree = self.save_dir(path, sub_parent.as_ref())?;
+            let subtree = self.save_dir(path, parent_dir(parent))?;
             self.stats.dirs += 1;
             NodeKind::Dir { subtree }
         } else if ft.is_symlink() {
@@ -576,34 +579,35 @@ impl Archiver<'_> {
             }
         } else {
             self.stats.others += 1;
-            fsmeta::special_kind(&md)
-        };
-        Ok(Some(self.node(name, path, &md, kind)))
+            fsmeta::special_kind(md)
+        }))
     }
 
-    fn save_dir(&mut self, dir: &Path, parent: Option<&Tree>) -> Result<BlobId> {
-        let started = Instant::now();
-        let mut entries: Vec<(Vec<u8>, PathBuf)> = Vec::new();
-        let mut problems = Vec::new();
-        match std::fs::read_dir(dir) {
-            Ok(rd) => {
-                for entry in rd {
-                    match entry {
-                        Ok(e) => entries.push((e.file_name().as_bytes().to_vec(), e.path())),
-                        Err(e) => problems.push(format!("listing incomplete: {e}")),
-                    }
-                }
+    /// Saves directory `dir`; `parent` is its tree in the parent snapshot.
+    fn save_dir(&mut self, dir: &Path, parent: Option<BlobId>) -> Result<BlobId> {
+        let listing = self.lookahead.take(dir, parent);
+        for p in &listing.problems {
+            self.problem(dir, p);
+        }
+        let parent = match listing.parent {
+            Some(Ok(tree)) => Some(tree),
+            Some(Err(e)) => {
+                // Not fatal: the directory is read in full instead.
+                self.monitor.problem(
+                    dir,
+                    &format!(
+                        "parent snapshot unreadable here, reading all files: {}",
+                        crate::error::chain(&e)
+                    ),
+                );
+                None
             }
-            Err(e) => problems.push(format!("directory not read, saved empty: {e}")),
-        }
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        self.ctx.timings.walk.add(started);
-        for p in problems {
-            self.problem(dir, &p);
-        }
+            None => None,
+        };
+        let entries = listing.entries;
         let present = |n: &std::ffi::OsStr| {
             entries
-                .binary_search_by(|e| e.0.as_slice().cmp(n.as_bytes()))
+                .binary_search_by(|e| e.name.as_slice().cmp(n.as_bytes()))
                 .is_ok()
         };
         let (pushed, unreadable) = self
@@ -612,7 +616,7 @@ impl Archiver<'_> {
         for (file, e) in unreadable {
             self.problem(&file, &format!("ignore file not read, not applied: {e}"));
         }
-        let nodes = self.save_entries(entries, parent, true);
+        let nodes = self.save_entries(entries, parent.as_ref(), true);
         if pushed {
             self.ignores.pop();
         }
@@ -629,13 +633,14 @@ impl Archiver<'_> {
             || (self.opts.exclude_caches && ignore_files::has_cachedir_tag(dir))
     }
 
-    /// Saves a directory's entries, in order. Files to read go to the workers (small ones
-    /// bundled) while the walk descends into subdirectories; their nodes are completed
-    /// when the results are in. `filtered`: whether excludes and ignore files apply (not
-    /// to the paths the user named).
+    /// Saves a directory's entries, in order. Files to read go to the workers first
+    /// (small ones bundled); then the walk descends into subdirectories (listed ahead by
+    /// the lookahead threads) while the workers read; the files' nodes are completed when
+    /// their results are in. `filtered`: whether excludes and ignore files apply (not to
+    /// the paths the user named).
     fn save_entries(
         &mut self,
-        entries: Vec<(Vec<u8>, PathBuf)>,
+        entries: Vec<Entry>,
         parent: Option<&Tree>,
         filtered: bool,
     ) -> Result<Vec<Node>> {
@@ -643,67 +648,74 @@ impl Archiver<'_> {
         let mut nodes: Vec<Option<Node>> = Vec::with_capacity(entries.len());
         let mut reading: Vec<Reading> = Vec::new();
         let mut bundle = Bundler::new(self.ctx.params);
-        for (name, path) in entries {
+        // Entries that are not regular files, saved after the files are queued.
+        let mut others: Vec<(usize, Entry, Metadata)> = Vec::new();
+        for entry in entries {
             if self.monitor.cancelled() {
                 return Err(Error::Interrupted);
             }
-            let started = Instant::now();
-            let md = std::fs::symlink_metadata(&path);
-            self.ctx.timings.walk.add(started);
-            let md = match md {
-                Ok(md) => md,
+            let md = match &entry.md {
+                Ok(md) => md.clone(),
                 Err(e) => {
-                    self.problem(&path, &e);
+                    let e = e.to_string();
+                    self.problem(&entry.path, &e);
                     continue;
                 }
             };
             if filtered
-                && (self.excludes.matches(&path) || self.ignores.is_ignored(&path, md.is_dir()))
+                && (self.excludes.matches(&entry.path)
+                    || self.ignores.is_ignored(&entry.path, md.is_dir()))
             {
                 self.stats.excluded += 1;
                 continue;
             }
-            let parent_node = parent.and_then(|t| t.find(&name));
-            if md.is_file() {
-                if self
-                    .opts
-                    .exclude_larger_than
-                    .is_some_and(|max| md.len() > max)
-                {
-                    self.stats.excluded += 1;
-                    continue;
+            let parent_node = parent.and_then(|t| t.find(&entry.name));
+            if !md.is_file() {
+                if md.is_dir() {
+                    self.lookahead.ahead(&entry.path, parent_dir(parent_node));
                 }
-                if let Some(kind) = self.reuse(&path, &md, parent_node) {
-                    nodes.push(Some(self.node(name, &path, &md, kind)));
-                } else {
-                    let slot = reading.len();
-                    let placeholder = NodeKind::File {
-                        size: 0,
-                        content: Vec::new(),
-                    };
-                    nodes.push(Some(self.node(name, &path, &md, placeholder)));
-                    reading.push(Reading {
-                        node: nodes.len() - 1,
-                        path: path.clone(),
-                        changed: matches!(
-                            parent_node.map(|p| &p.kind),
-                            Some(NodeKind::File { .. })
-                        ),
-                    });
-                    if let Some(work) = bundle.add(slot, path, md.len()) {
-                        self.pool.submit(work, &results_tx)?;
-                    }
-                }
+                nodes.push(None);
+                others.push((nodes.len() - 1, entry, md));
                 continue;
             }
-            if let Some(node) = self.save_entry(name, &path, md, parent_node)? {
-                nodes.push(Some(node));
+            if self
+                .opts
+                .exclude_larger_than
+                .is_some_and(|max| md.len() > max)
+            {
+                self.stats.excluded += 1;
+                continue;
+            }
+            if let Some(kind) = self.reuse(&entry.path, &md, parent_node) {
+                nodes.push(Some(self.node(entry, &md, kind)));
+                continue;
+            }
+            let slot = reading.len();
+            let path = entry.path.clone();
+            reading.push(Reading {
+                node: nodes.len(),
+                path: path.clone(),
+                changed: matches!(parent_node.map(|p| &p.kind), Some(NodeKind::File { .. })),
+            });
+            let placeholder = NodeKind::File {
+                size: 0,
+                content: Vec::new(),
+            };
+            nodes.push(Some(self.node(entry, &md, placeholder)));
+            if let Some(work) = bundle.add(slot, path, md.len()) {
+                self.pool.submit(work, &results_tx)?;
             }
         }
         if let Some(work) = bundle.finish() {
             self.pool.submit(work, &results_tx)?;
         }
         drop(results_tx);
+        for (at, entry, md) in others {
+            let parent_node = parent.and_then(|t| t.find(&entry.name));
+            if let Some(kind) = self.entry_kind(&entry.path, &md, parent_node)? {
+                nodes[at] = Some(self.node(entry, &md, kind));
+            }
+        }
         // Every job holds a sender: the channel ends when the last result is in.
         for (slot, outcome) in results {
             let Some(r) = reading.get(slot) else {
@@ -763,6 +775,14 @@ impl Archiver<'_> {
             size: *size,
             content: content.clone(),
         })
+    }
+}
+
+/// The tree of a directory in the parent snapshot, if `parent` is a directory.
+fn parent_dir(parent: Option<&Node>) -> Option<BlobId> {
+    match parent.map(|n| &n.kind) {
+        Some(NodeKind::Dir { subtree }) => Some(*subtree),
+        _ => None,
     }
 }
 

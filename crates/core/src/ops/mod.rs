@@ -15,3 +15,4 @@ pub mod repair;
 pub mod restore;
 pub mod restore_filter;
 pub mod select;
+pub mod walk;

@@ -1,0 +1,152 @@
+//! Directory listings for backup, made ahead of the walk: when the walk enters a
+//! directory, helper threads list its subdirectories (`readdir`, then `lstat` and the
+//! extended attributes of every entry) and read their trees in the parent snapshot, so
+//! the walking thread mostly compares and builds trees. The system calls of many
+//! directories are then in flight at once, which is what a cold disk needs, and on a warm
+//! cache they run on all cores.
+
+use std::collections::HashMap;
+use std::fs::Metadata;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::error::Result;
+use crate::fsmeta;
+use crate::id::BlobId;
+use crate::repo::Repository;
+use crate::tree::{Tree, Xattr};
+use crate::writer::PhaseTimer;
+
+/// One directory entry with what backup needs to know of it.
+pub struct Entry {
+    pub name: Vec<u8>,
+    pub path: PathBuf,
+    pub md: io::Result<Metadata>,
+    pub xattrs: io::Result<Vec<Xattr>>,
+}
+
+impl Entry {
+    /// `lstat`s `path` and reads its extended attributes.
+    pub fn read(name: Vec<u8>, path: PathBuf) -> Entry {
+        let md = std::fs::symlink_metadata(&path);
+        let xattrs = match &md {
+            Ok(_) => fsmeta::read_xattrs(&path),
+            Err(_) => Ok(Vec::new()),
+        };
+        Entry {
+            name,
+            path,
+            md,
+            xattrs,
+        }
+    }
+}
+
+/// A directory's entries in name order, problems listing it, and its tree in the parent
+/// snapshot.
+pub struct Listing {
+    pub entries: Vec<Entry>,
+    pub problems: Vec<String>,
+    pub parent: Option<Result<Tree>>,
+}
+
+/// Lists `dir` and reads `parent` (its tree in the parent snapshot).
+pub fn list(repo: &Repository, dir: &Path, parent: Option<BlobId>, walk: &PhaseTimer) -> Listing {
+    let started = Instant::now();
+    let mut names: Vec<(Vec<u8>, PathBuf)> = Vec::new();
+    let mut problems = Vec::new();
+    match std::fs::read_dir(dir) {
+        Ok(rd) => {
+            for entry in rd {
+                match entry {
+                    Ok(e) => names.push((e.file_name().as_bytes().to_vec(), e.path())),
+                    Err(e) => problems.push(format!("listing incomplete: {e}")),
+                }
+            }
+        }
+        Err(e) => problems.push(format!("directory not read, saved empty: {e}")),
+    }
+    names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let entries = names
+        .into_iter()
+        .map(|(name, path)| Entry::read(name, path))
+        .collect();
+    walk.add(started);
+    Listing {
+        entries,
+        problems,
+        parent: parent.map(|id| repo.read_tree(&id)),
+    }
+}
+
+/// Directories listed ahead but not yet walked, at most: bounds memory on very wide trees
+/// (the rest are listed by the walk itself).
+const AHEAD: usize = 1024;
+
+struct Job {
+    dir: PathBuf,
+    parent: Option<BlobId>,
+    done: Sender<Listing>,
+}
+
+/// The listing threads and the listings they owe the walk.
+pub struct Lookahead<'a> {
+    repo: &'a Repository,
+    walk: &'a PhaseTimer,
+    jobs: Sender<Job>,
+    waiting: HashMap<PathBuf, Receiver<Listing>>,
+}
+
+impl<'a> Lookahead<'a> {
+    pub fn start<'scope>(
+        scope: &'scope std::thread::Scope<'scope, 'a>,
+        repo: &'a Repository,
+        walk: &'a PhaseTimer,
+        threads: usize,
+    ) -> Lookahead<'a> {
+        let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        for _ in 0..threads {
+            let rx = rx.clone();
+            scope.spawn(move || {
+                for job in rx {
+                    // The walk may have stopped waiting (an error): nothing to do then.
+                    let _ = job.done.send(list(repo, &job.dir, job.parent, walk));
+                }
+            });
+        }
+        Lookahead {
+            repo,
+            walk,
+            jobs: tx,
+            waiting: HashMap::new(),
+        }
+    }
+
+    /// Asks for `dir` to be listed ahead, unless enough are already.
+    pub fn ahead(&mut self, dir: &Path, parent: Option<BlobId>) {
+        if self.waiting.len() >= AHEAD || self.waiting.contains_key(dir) {
+            return;
+        }
+        let (done, listing) = crossbeam_channel::bounded(1);
+        let job = Job {
+            dir: dir.to_path_buf(),
+            parent,
+            done,
+        };
+        if self.jobs.send(job).is_ok() {
+            self.waiting.insert(dir.to_path_buf(), listing);
+        }
+    }
+
+    /// The listing of `dir`: the one made ahead, or one made now.
+    pub fn take(&mut self, dir: &Path, parent: Option<BlobId>) -> Listing {
+        if let Some(listing) = self.waiting.remove(dir).and_then(|rx| rx.recv().ok()) {
+            return listing;
+        }
+        list(self.repo, dir, parent, self.walk)
+    }
+}
