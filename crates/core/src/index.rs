@@ -1,8 +1,16 @@
-//! The index: which pack holds each blob, and where. In memory it is one hash map; on
-//! storage it is a set of immutable, sealed index files, each written after the packs it
-//! names are durable.
+//! The index: which pack holds each blob, and where. On storage it is a set of immutable,
+//! sealed index files, each written after the packs it names are durable.
+//!
+//! In memory it must stay small, since every backup holds all of it: 48 bytes per blob
+//! (a 10-million-blob repository's index takes 480 MB), so no hash map (whose buckets,
+//! spare capacity and 32-byte pack id per blob cost over 100). Blobs sit in a table sorted
+//! by id; packs are numbered in a pack table and each blob names its pack by number. Blobs
+//! added after loading go to a second, smaller sorted table that is merged into the main
+//! one when it grows past a fraction of it, so adding a pack costs about the pack's size
+//! rather than the index's. Loading (see [`IndexBuilder`]) collects every entry, sorts
+//! once and keeps each blob's preferred entry, so it never holds two copies of the index.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -60,86 +68,598 @@ pub struct BlobLocation {
     pub raw_length: u32,
 }
 
+/// The kind bit of [`Entry::pack`]: set for trees.
+const TREE: u32 = 1 << 31;
+
+/// One blob as the in-memory index keeps it: 48 bytes (a unit test holds it to that).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    id: BlobId,
+    /// The pack's number in [`Packs`], with [`TREE`] set for a tree.
+    pack: u32,
+    offset: u32,
+    length: u32,
+    raw_length: u32,
+}
+
+impl Entry {
+    fn new(e: &PackEntry, pack: u32) -> Self {
+        let kind = match e.kind {
+            BlobKind::Data => 0,
+            BlobKind::Tree => TREE,
+        };
+        Entry {
+            id: e.id,
+            pack: pack | kind,
+            offset: e.offset,
+            length: e.length,
+            raw_length: e.raw_length,
+        }
+    }
+
+    fn pack_number(&self) -> u32 {
+        self.pack & !TREE
+    }
+
+    fn kind(&self) -> BlobKind {
+        if self.pack & TREE == 0 {
+            BlobKind::Data
+        } else {
+            BlobKind::Tree
+        }
+    }
+}
+
+/// The packs the index knows, numbered in the order it learnt of them.
+#[derive(Debug, Default)]
+struct Packs {
+    ids: Vec<PackId>,
+    condemned: Vec<bool>,
+    numbers: HashMap<PackId, u32>,
+}
+
+impl Packs {
+    fn number(&mut self, id: PackId) -> u32 {
+        if let Some(&n) = self.numbers.get(&id) {
+            return n;
+        }
+        // The top bit of an entry's pack number is its kind. Two billion packs would
+        // take an index file of over 64 GB to name, so this cannot come from a disk.
+        let n = u32::try_from(self.ids.len())
+            .ok()
+            .filter(|&n| n < TREE)
+            .expect("fewer than 2^31 packs");
+        self.ids.push(id);
+        self.condemned.push(false);
+        self.numbers.insert(id, n);
+        n
+    }
+
+    fn condemn(&mut self, id: PackId) {
+        let n = self.number(id);
+        self.condemned[n as usize] = true;
+    }
+
+    fn is_condemned(&self, id: &PackId) -> bool {
+        self.numbers
+            .get(id)
+            .is_some_and(|&n| self.condemned[n as usize])
+    }
+
+    fn is_live(&self, e: &Entry) -> bool {
+        !self.condemned[e.pack_number() as usize]
+    }
+
+    /// How strongly a blob's location is `e`, highest first: a live pack over a condemned
+    /// one, then the pack learnt of last (as if each pack added overwrote the locations
+    /// that packs of its standing gave before).
+    fn rank(&self, e: &Entry) -> (bool, u32) {
+        (self.is_live(e), e.pack_number())
+    }
+
+    /// Sorts `entries` by id and keeps each id's highest-ranked entry.
+    fn sort_and_keep_preferred(&self, entries: &mut Vec<Entry>) {
+        entries.sort_unstable_by(|a, b| {
+            a.id.cmp(&b.id)
+                .then_with(|| self.rank(b).cmp(&self.rank(a)))
+        });
+        entries.dedup_by(|later, kept| later.id == kept.id);
+    }
+
+    fn location(&self, e: &Entry) -> BlobLocation {
+        BlobLocation {
+            pack: self.ids[e.pack_number() as usize],
+            kind: e.kind(),
+            offset: e.offset,
+            length: e.length,
+            raw_length: e.raw_length,
+        }
+    }
+}
+
+/// Entries sorted by id, each id once, and where each run of ids sharing their first
+/// `bits` bits starts. Ids are keyed hashes, hence evenly spread: a lookup binary-searches
+/// about 32 entries, and the starts cost under an eighth of a byte per entry.
+#[derive(Debug)]
+struct Table {
+    entries: Vec<Entry>,
+    /// `starts[b]..starts[b + 1]` holds the ids whose first `bits` bits are `b`.
+    starts: Vec<u32>,
+    bits: u32,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table::from_sorted(Vec::new())
+    }
+}
+
+fn bucket(id: &BlobId, bits: u32) -> usize {
+    if bits == 0 {
+        return 0;
+    }
+    let prefix = u64::from_be_bytes(id.0[..8].try_into().expect("ids are 32 bytes"));
+    (prefix >> (64 - bits)) as usize
+}
+
+impl Table {
+    fn from_sorted(entries: Vec<Entry>) -> Self {
+        let mut table = Table {
+            entries,
+            starts: Vec::new(),
+            bits: 0,
+        };
+        table.index_starts();
+        table
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    fn index_starts(&mut self) {
+        let n = self.entries.len();
+        let log2 = usize::BITS - 1 - n.max(1).leading_zeros();
+        self.bits = log2.saturating_sub(5).min(24);
+        let position = |i: usize| u32::try_from(i).expect("fewer than 2^32 blobs");
+        self.starts.clear();
+        self.starts.reserve_exact((1 << self.bits) + 1);
+        let mut i = 0;
+        for b in 0..1usize << self.bits {
+            while i < n && bucket(&self.entries[i].id, self.bits) < b {
+                i += 1;
+            }
+            self.starts.push(position(i));
+        }
+        self.starts.push(position(n));
+    }
+
+    fn find(&self, id: &BlobId) -> Option<usize> {
+        let b = bucket(id, self.bits);
+        let (lo, hi) = (self.starts[b] as usize, self.starts[b + 1] as usize);
+        self.entries[lo..hi]
+            .binary_search_by(|e| e.id.cmp(id))
+            .ok()
+            .map(|i| lo + i)
+    }
+
+    /// Merges in `new`, sorted and with no id already here, in place from the back: the
+    /// table grows by `new` only, never to a second copy of itself.
+    fn merge(&mut self, new: &[Entry]) {
+        let old = self.entries.len();
+        // Grows the table; the merge below overwrites these values.
+        self.entries.extend_from_slice(new);
+        let (mut i, mut j, mut w) = (old, new.len(), old + new.len());
+        while j > 0 {
+            w -= 1;
+            if i > 0 && self.entries[i - 1].id > new[j - 1].id {
+                self.entries[w] = self.entries[i - 1];
+                i -= 1;
+            } else {
+                self.entries[w] = new[j - 1];
+                j -= 1;
+            }
+        }
+        self.index_starts();
+    }
+}
+
+/// Blobs added to a loaded index wait in a table of their own until it holds this share
+/// of the main table (or [`MIN_RECENT`] blobs); merging then moves the main table once, so
+/// each blob added is moved about this many times, and adding a pack costs at most this
+/// share of the index.
+const RECENT_SHARE: usize = 8;
+
+#[cfg(not(test))]
+const MIN_RECENT: usize = 1 << 16;
+/// Small, so that unit tests merge often.
+#[cfg(test)]
+const MIN_RECENT: usize = 4;
+
 /// Blob id → location, for every blob of every loaded index file.
 ///
 /// Packs that prune has condemned stay readable, but a blob's location is a live pack
 /// whenever one holds it, and new backups do not build on blobs only condemned packs hold.
+/// Among packs of the same standing, the one the index learnt of last holds the blob.
 #[derive(Debug, Default)]
 pub struct Index {
-    blobs: HashMap<BlobId, BlobLocation>,
-    condemned: HashSet<PackId>,
+    packs: Packs,
+    main: Table,
+    /// Blobs added since the last merge into `main`; no id is in both.
+    recent: Table,
 }
 
 impl Index {
     pub fn add_pack(&mut self, pack: PackId, entries: &[PackEntry]) {
-        self.blobs.reserve(entries.len());
-        let condemned = self.condemned.contains(&pack);
-        for e in entries {
-            let loc = BlobLocation {
-                pack,
-                kind: e.kind,
-                offset: e.offset,
-                length: e.length,
-                raw_length: e.raw_length,
+        let number = self.packs.number(pack);
+        let mut new: Vec<Entry> = entries.iter().map(|e| Entry::new(e, number)).collect();
+        self.packs.sort_and_keep_preferred(&mut new);
+        let Index {
+            packs,
+            main,
+            recent,
+        } = self;
+        new.retain(|e| {
+            let old = if let Some(i) = recent.find(&e.id) {
+                &mut recent.entries[i]
+            } else if let Some(i) = main.find(&e.id) {
+                &mut main.entries[i]
+            } else {
+                return true;
             };
-            match self.blobs.get(&e.id) {
-                Some(old) if condemned && !self.condemned.contains(&old.pack) => {}
-                _ => {
+            if packs.rank(e) >= packs.rank(old) {
+                *old = *e;
+            }
+            false
+        });
+        if new.is_empty() {
+            return;
+        }
+        recent.merge(&new);
+        if recent.len() >= MIN_RECENT.max(main.len() / RECENT_SHARE) {
+            main.merge(&std::mem::take(recent).entries);
+        }
+    }
+
+    /// Marks packs as condemned; call before adding them for the preference to apply.
+    pub fn condemn(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        for p in packs {
+            self.packs.condemn(p);
+        }
+    }
+
+    pub fn is_condemned(&self, pack: &PackId) -> bool {
+        self.packs.is_condemned(pack)
+    }
+
+    fn entry(&self, id: &BlobId) -> Option<&Entry> {
+        match self.recent.find(id) {
+            Some(i) => Some(&self.recent.entries[i]),
+            None => self.main.find(id).map(|i| &self.main.entries[i]),
+        }
+    }
+
+    /// Whether a live (not condemned) pack holds the blob: what a backup may build on.
+    pub fn contains_live(&self, id: &BlobId) -> bool {
+        self.entry(id).is_some_and(|e| self.packs.is_live(e))
+    }
+
+    pub fn get(&self, id: &BlobId) -> Option<BlobLocation> {
+        self.entry(id).map(|e| self.packs.location(e))
+    }
+
+    pub fn contains(&self, id: &BlobId) -> bool {
+        self.entry(id).is_some()
+    }
+
+    pub fn len(&self) -> usize {
+        self.main.len() + self.recent.len()
+    }
+
+    /// Every blob, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&BlobId, BlobLocation)> {
+        self.main
+            .entries
+            .iter()
+            .chain(&self.recent.entries)
+            .map(|e| (&e.id, self.packs.location(e)))
+    }
+
+    /// Every pack the index names, with the blobs it says each one holds.
+    pub fn by_pack(&self) -> HashMap<PackId, Vec<(BlobId, BlobLocation)>> {
+        let mut packs: HashMap<PackId, Vec<(BlobId, BlobLocation)>> = HashMap::new();
+        for (id, loc) in self.iter() {
+            packs.entry(loc.pack).or_default().push((*id, loc));
+        }
+        packs
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Builds an [`Index`] from whole index files: it collects every entry, then sorts once
+/// and keeps each blob's preferred entry, so loading never holds the index twice (only
+/// the duplicates that index files share, until the end).
+#[derive(Debug, Default)]
+pub struct IndexBuilder {
+    packs: Packs,
+    entries: Vec<Entry>,
+}
+
+impl IndexBuilder {
+    /// Marks packs as condemned; unlike [`Index::condemn`], before or after adding them.
+    pub fn condemn(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        for p in packs {
+            self.packs.condemn(p);
+        }
+    }
+
+    pub fn add_pack(&mut self, pack: PackId, entries: &[PackEntry]) {
+        let number = self.packs.number(pack);
+        self.entries
+            .extend(entries.iter().map(|e| Entry::new(e, number)));
+    }
+
+    /// The index, as if every pack had been condemned first and then added in order.
+    pub fn finish(self) -> Index {
+        let IndexBuilder { packs, mut entries } = self;
+        packs.sort_and_keep_preferred(&mut entries);
+        entries.shrink_to_fit();
+        Index {
+            packs,
+            main: Table::from_sorted(entries),
+            recent: Table::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn an_entry_takes_48_bytes() {
+        assert_eq!(std::mem::size_of::<Entry>(), 48);
+    }
+
+    fn blob(n: u8) -> BlobId {
+        BlobId(*blake3::hash(&[n]).as_bytes())
+    }
+
+    fn entry(id: BlobId, offset: u32) -> PackEntry {
+        PackEntry {
+            id,
+            kind: if offset.is_multiple_of(2) {
+                BlobKind::Data
+            } else {
+                BlobKind::Tree
+            },
+            offset,
+            length: offset + 1,
+            raw_length: offset + 2,
+        }
+    }
+
+    #[test]
+    fn a_live_pack_holds_a_blob_over_a_condemned_one_whatever_the_order() {
+        let (old, new) = (PackId([1; 32]), PackId([2; 32]));
+        let mut index = Index::default();
+        index.condemn([old]);
+        index.add_pack(new, &[entry(blob(1), 10)]);
+        index.add_pack(old, &[entry(blob(1), 20), entry(blob(2), 30)]);
+        assert_eq!(index.get(&blob(1)).map(|l| l.pack), Some(new));
+        assert!(index.contains_live(&blob(1)));
+        assert_eq!(index.get(&blob(2)).map(|l| l.pack), Some(old));
+        assert!(index.contains(&blob(2)) && !index.contains_live(&blob(2)));
+        assert_eq!(index.len(), 2);
+    }
+
+    #[test]
+    fn adding_the_packs_again_after_condemning_moves_blobs_to_live_copies() {
+        // What prune does after condemning packs: the blob was located in the pack
+        // condemned later, and must now be located in the other copy.
+        let (a, b) = (PackId([1; 32]), PackId([2; 32]));
+        let mut index = Index::default();
+        index.add_pack(a, &[entry(blob(1), 10)]);
+        index.add_pack(b, &[entry(blob(1), 20)]);
+        assert_eq!(index.get(&blob(1)).map(|l| l.pack), Some(b));
+        index.condemn([b]);
+        assert!(!index.contains_live(&blob(1)));
+        index.add_pack(a, &[entry(blob(1), 10)]);
+        index.add_pack(b, &[entry(blob(1), 20)]);
+        assert_eq!(index.get(&blob(1)).map(|l| l.pack), Some(a));
+        assert!(index.contains_live(&blob(1)));
+    }
+
+    #[test]
+    fn lookups_find_every_blob_of_a_large_index_and_no_other() {
+        let id = |n: u32| BlobId(*blake3::hash(&n.to_le_bytes()).as_bytes());
+        let pack_of = |n: u32| PackId([(n / 1000) as u8; 32]);
+        let entries = |packs: std::ops::Range<u32>| {
+            packs.map(move |p| {
+                let blobs = (p * 1000..(p + 1) * 1000).map(|n| entry(id(n), n));
+                (pack_of(p * 1000), blobs.collect::<Vec<_>>())
+            })
+        };
+        let mut builder = IndexBuilder::default();
+        for (pack, blobs) in entries(0..20) {
+            builder.add_pack(pack, &blobs);
+        }
+        let mut index = builder.finish();
+        for (pack, blobs) in entries(20..30) {
+            index.add_pack(pack, &blobs);
+        }
+        assert_eq!(index.len(), 30_000);
+        for n in 0..30_000 {
+            assert_eq!(
+                index.get(&id(n)).map(|l| (l.pack, l.offset)),
+                Some((pack_of(n), n))
+            );
+        }
+        assert!((30_000..40_000).all(|n| !index.contains(&id(n))));
+    }
+
+    /// The rule [`Index`] documents, kept the obvious way: one hash map of locations.
+    #[derive(Default)]
+    struct Model {
+        /// Packs in the order the index learnt of them.
+        order: Vec<PackId>,
+        condemned: HashSet<PackId>,
+        blobs: HashMap<BlobId, BlobLocation>,
+    }
+
+    impl Model {
+        fn learn(&mut self, pack: PackId) {
+            if !self.order.contains(&pack) {
+                self.order.push(pack);
+            }
+        }
+
+        fn rank(&self, pack: &PackId) -> (bool, usize) {
+            let seen = self.order.iter().position(|p| p == pack);
+            (!self.condemned.contains(pack), seen.expect("a known pack"))
+        }
+
+        fn condemn(&mut self, pack: PackId) {
+            self.learn(pack);
+            self.condemned.insert(pack);
+        }
+
+        fn add_pack(&mut self, pack: PackId, entries: &[PackEntry]) {
+            self.learn(pack);
+            for e in entries {
+                let keep_old = self
+                    .blobs
+                    .get(&e.id)
+                    .is_some_and(|old| self.rank(&old.pack) > self.rank(&pack));
+                if !keep_old {
+                    let loc = BlobLocation {
+                        pack,
+                        kind: e.kind,
+                        offset: e.offset,
+                        length: e.length,
+                        raw_length: e.raw_length,
+                    };
                     self.blobs.insert(e.id, loc);
                 }
             }
         }
     }
 
-    /// Marks packs as condemned; call before adding them for the preference to apply.
-    pub fn condemn(&mut self, packs: impl IntoIterator<Item = PackId>) {
-        self.condemned.extend(packs);
+    #[derive(Debug, Clone)]
+    enum Op {
+        Condemn(u8),
+        Add(u8, Vec<u8>),
     }
 
-    pub fn is_condemned(&self, pack: &PackId) -> bool {
-        self.condemned.contains(pack)
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        let op = prop_oneof![
+            1 => (0..6u8).prop_map(Op::Condemn),
+            4 => (0..6u8, prop::collection::vec(0..60u8, 0..25))
+                .prop_map(|(p, blobs)| Op::Add(p, blobs)),
+        ];
+        prop::collection::vec(op, 0..40)
     }
 
-    /// Whether a live (not condemned) pack holds the blob: what a backup may build on.
-    pub fn contains_live(&self, id: &BlobId) -> bool {
-        self.blobs
-            .get(id)
-            .is_some_and(|loc| !self.condemned.contains(&loc.pack))
+    /// Entries of pack `p`: one per blob, as a pack header has them, and where a blob is
+    /// in a pack never changes (an index file may name a pack again, never differently).
+    fn pack_entries(p: u8, blobs: &[u8]) -> Vec<PackEntry> {
+        let mut seen = HashSet::new();
+        blobs
+            .iter()
+            .filter(|b| seen.insert(**b))
+            .map(|&b| entry(blob(b), u32::from(p) * 100 + u32::from(b)))
+            .collect()
     }
 
-    pub fn get(&self, id: &BlobId) -> Option<&BlobLocation> {
-        self.blobs.get(id)
-    }
-
-    pub fn contains(&self, id: &BlobId) -> bool {
-        self.blobs.contains_key(id)
-    }
-
-    pub fn len(&self) -> usize {
-        self.blobs.len()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&BlobId, &BlobLocation)> {
-        self.blobs.iter()
-    }
-
-    /// Every pack the index names, with the blobs it says each one holds.
-    pub fn by_pack(&self) -> HashMap<PackId, Vec<(BlobId, BlobLocation)>> {
-        let mut packs: HashMap<PackId, Vec<(BlobId, BlobLocation)>> = HashMap::new();
-        for (id, loc) in &self.blobs {
-            packs.entry(loc.pack).or_default().push((*id, *loc));
+    fn assert_same(index: &Index, model: &Model) {
+        assert_eq!(index.len(), model.blobs.len());
+        assert_eq!(index.is_empty(), model.blobs.is_empty());
+        for b in 0..60 {
+            let id = blob(b);
+            let want = model.blobs.get(&id).copied();
+            assert_eq!(index.get(&id), want, "blob {b}");
+            assert_eq!(index.contains(&id), want.is_some());
+            let live = want.is_some_and(|l| !model.condemned.contains(&l.pack));
+            assert_eq!(index.contains_live(&id), live, "blob {b}");
         }
-        packs
+        for p in 0..6 {
+            let pack = PackId([p; 32]);
+            assert_eq!(index.is_condemned(&pack), model.condemned.contains(&pack));
+        }
+        let listed: HashMap<BlobId, BlobLocation> = index.iter().map(|(i, l)| (*i, l)).collect();
+        assert_eq!(listed, model.blobs);
+        let by_pack = index.by_pack();
+        assert_eq!(
+            by_pack.values().map(Vec::len).sum::<usize>(),
+            model.blobs.len()
+        );
+        for (pack, blobs) in by_pack {
+            assert!(blobs
+                .iter()
+                .all(|(id, l)| l.pack == pack && model.blobs[id] == *l));
+        }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.blobs.is_empty()
-    }
-}
+    proptest! {
+        #[test]
+        fn the_index_agrees_with_a_hash_map_after_any_adds_and_condemnations(ops in ops()) {
+            let mut index = Index::default();
+            let mut model = Model::default();
+            for op in &ops {
+                match op {
+                    Op::Condemn(p) => {
+                        index.condemn([PackId([*p; 32])]);
+                        model.condemn(PackId([*p; 32]));
+                    }
+                    Op::Add(p, blobs) => {
+                        let entries = pack_entries(*p, blobs);
+                        index.add_pack(PackId([*p; 32]), &entries);
+                        model.add_pack(PackId([*p; 32]), &entries);
+                    }
+                }
+                assert_same(&index, &model);
+            }
+        }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+        #[test]
+        fn building_at_once_equals_condemning_then_adding_one_pack_at_a_time(ops in ops()) {
+            let mut builder = IndexBuilder::default();
+            // Packs are numbered as the builder learns of them; then all condemnations
+            // apply before any pack is added.
+            let mut model = Model::default();
+            for op in &ops {
+                match op {
+                    Op::Condemn(p) => {
+                        builder.condemn([PackId([*p; 32])]);
+                        model.condemn(PackId([*p; 32]));
+                    }
+                    Op::Add(p, blobs) => {
+                        builder.add_pack(PackId([*p; 32]), &pack_entries(*p, blobs));
+                        model.learn(PackId([*p; 32]));
+                    }
+                }
+            }
+            for op in &ops {
+                if let Op::Add(p, blobs) = op {
+                    model.add_pack(PackId([*p; 32]), &pack_entries(*p, blobs));
+                }
+            }
+            let mut index = builder.finish();
+            assert_same(&index, &model);
+            // And packs added after loading go on from there.
+            let more = pack_entries(9, &(0..30).map(|b| b * 2).collect::<Vec<_>>());
+            index.add_pack(PackId([9; 32]), &more);
+            model.add_pack(PackId([9; 32]), &more);
+            assert_same(&index, &model);
+        }
+    }
 
     #[test]
     fn index_files_round_trip_and_reject_damage() {

@@ -14,7 +14,7 @@ use crate::config::{ChunkerConfig, Config, ConfigError, FORMAT_VERSION};
 use crate::crypto::{KdfParams, KeyFile, KeyFileError, MasterKey};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, KeyId, PackId, SnapshotId};
-use crate::index::{BlobLocation, Index, IndexFile, IndexedPack};
+use crate::index::{BlobLocation, Index, IndexBuilder, IndexFile, IndexedPack};
 use crate::pack::{self, BlobKind, PackEntry};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
@@ -134,24 +134,28 @@ impl Repository {
         Ok(Self::assemble(storage, config, key))
     }
 
-    /// (Re)reads the trash and every index file.
+    /// (Re)reads the trash and every index file. Each file is added to the index as it is
+    /// read and then dropped, so loading holds the index and one file, not every file.
     pub fn load_index(&mut self) -> Result<()> {
         let mut problems = Vec::new();
-        let mut trash = Vec::new();
+        let mut index = IndexBuilder::default();
         for (_, t) in crate::trash::list(self)? {
             match t {
-                Ok(t) => trash.push(t),
+                Ok(t) => index.condemn(t.packs.iter().map(|p| p.id)),
                 Err(e) => problems.push(e),
             }
         }
-        let mut files = Vec::new();
-        for (_, f) in self.index_files()? {
-            match f {
-                Ok(f) => files.push(f),
+        for (_, name) in self.index_file_names()? {
+            match self.read_index_file(&name) {
+                Ok(f) => {
+                    for p in &f.packs {
+                        index.add_pack(p.id, &p.entries);
+                    }
+                }
                 Err(e) => problems.push(e),
             }
         }
-        self.set_index(&trash, files.iter());
+        self.install_index(index.finish());
         self.index_problems = problems;
         Ok(())
     }
@@ -162,16 +166,23 @@ impl Repository {
         trash: &[crate::trash::TrashFile],
         files: impl Iterator<Item = &'a IndexFile>,
     ) {
-        self.index = Index::default();
-        self.index_problems.clear();
-        self.tree_packs = std::sync::OnceLock::new();
-        self.pack_ends = std::sync::OnceLock::new();
+        let mut index = IndexBuilder::default();
         for t in trash {
-            self.index.condemn(t.packs.iter().map(|p| p.id));
+            index.condemn(t.packs.iter().map(|p| p.id));
         }
         for file in files {
-            self.absorb(&file.packs);
+            for p in &file.packs {
+                index.add_pack(p.id, &p.entries);
+            }
         }
+        self.install_index(index.finish());
+        self.index_problems.clear();
+    }
+
+    fn install_index(&mut self, index: Index) {
+        self.index = index;
+        self.tree_packs = std::sync::OnceLock::new();
+        self.pack_ends = std::sync::OnceLock::new();
     }
 
     fn read_index_file(&self, name: &str) -> Result<IndexFile> {
@@ -307,7 +318,7 @@ impl Repository {
             .index
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
-        let sealed = match self.read_through_window(loc) {
+        let sealed = match self.read_through_window(&loc) {
             Some(sealed) => sealed,
             None => self.storage.read_range(
                 &loc.pack.storage_name(),
@@ -377,7 +388,7 @@ impl Repository {
             return self.read_blob(id);
         };
         let hex = id.to_string();
-        let loc = *self
+        let loc = self
             .index
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
@@ -405,7 +416,7 @@ impl Repository {
                 let mut packs: HashMap<PackId, Vec<(BlobId, BlobLocation)>> = HashMap::new();
                 for (id, l) in self.index.iter() {
                     if l.kind == BlobKind::Tree {
-                        packs.entry(l.pack).or_default().push((*id, *l));
+                        packs.entry(l.pack).or_default().push((*id, l));
                     }
                 }
                 packs
@@ -482,13 +493,19 @@ impl Repository {
 
     /// Every index file, read again from storage; unreadable ones come back as errors.
     pub fn index_files(&self) -> Result<Vec<(IndexId, Result<IndexFile>)>> {
-        let mut out = Vec::new();
-        for name in self.list_cacheable("index")? {
-            if let Some(id) = name.strip_prefix("index/").and_then(|n| n.parse().ok()) {
-                out.push((id, self.read_index_file(&name)));
-            }
-        }
-        Ok(out)
+        Ok(self
+            .index_file_names()?
+            .into_iter()
+            .map(|(id, name)| (id, self.read_index_file(&name)))
+            .collect())
+    }
+
+    fn index_file_names(&self) -> Result<Vec<(IndexId, String)>> {
+        Ok(self
+            .list_cacheable("index")?
+            .into_iter()
+            .filter_map(|name| Some((name.strip_prefix("index/")?.parse().ok()?, name)))
+            .collect())
     }
 
     /// Writes an index file naming `packs`; they must already be durable.
