@@ -103,6 +103,8 @@ pub enum Command {
     Diff(DiffArgs),
     /// Find files by name or path, with size, time and type filters, in all snapshots
     Find(FindArgs),
+    /// Show how much the repository stores, and how well it deduplicates and compresses
+    Stats(StatsArgs),
     /// Show how files are cut into chunks (offset, length, id of each)
     Chunk(ChunkArgs),
     /// Check that every snapshot can be restored; --read-data also verifies the data
@@ -377,6 +379,14 @@ pub struct CatArgs {
     pub snapshot: String,
     /// Absolute path of a file in the snapshot
     pub path: OsString,
+}
+
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Count only these snapshots (id, unique prefix or `latest`), reading their trees;
+    /// without any, the whole repository from its index
+    #[arg(value_name = "SNAPSHOT")]
+    pub snapshots: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -14,3 +14,4 @@ pub mod repair;
 pub mod restore;
 pub mod restore_filter;
 pub mod select;
+pub mod stats;
