@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use cairn_core::chunker::ChunkerParams;
 use cairn_core::ops::find::SizeFilter;
 use clap::{Args, Parser, Subcommand};
 
@@ -494,15 +495,31 @@ pub enum OverwriteArg {
 
 #[derive(Debug, Args)]
 pub struct ChunkArgs {
-    /// Files to chunk
-    #[arg(required = true)]
+    /// Files to chunk (with --sizes, directories too, walked recursively)
+    #[arg(required = true, value_name = "PATH")]
     pub files: Vec<PathBuf>,
+    /// Compare average chunk sizes on these files (e.g. 16K,64K,256K,1M,4M; minimum
+    /// avg/2, maximum avg*8): one row per size with chunk counts, dedup, compressed size
+    /// and chunking speed
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = parse_chunk_average,
+        conflicts_with_all = ["min", "avg", "max"],
+    )]
+    pub sizes: Vec<ChunkerParams>,
     #[arg(long, value_parser = parse_size)]
     pub min: Option<u32>,
     #[arg(long, value_parser = parse_size)]
     pub avg: Option<u32>,
     #[arg(long, value_parser = parse_size)]
     pub max: Option<u32>,
+}
+
+/// An average chunk size for `chunk --sizes`, with the limits derived from it.
+fn parse_chunk_average(s: &str) -> Result<ChunkerParams, String> {
+    ChunkerParams::for_average(parse_size(s)?)
+        .map_err(|e| format!("{s:?} cannot be an average chunk size: {e}"))
 }
 
 /// `4096`, `64K`, `1M`, `1MiB`, `2G`: binary units, up to 4 GiB - 1.
