@@ -150,7 +150,8 @@ fn compare_sizes(g: &GlobalArgs, paths: &[PathBuf], sizes: &[ChunkerParams]) -> 
 fn print_sizes(rows: &[SizeRow], files: usize) -> Result<()> {
     let mut out = std::io::stdout().lock();
     let total = rows.first().map_or(0, |r| r.total_bytes);
-    writeln!(out, "{files} files, {}", output::size(total))?;
+    let noun = if files == 1 { "file" } else { "files" };
+    writeln!(out, "{files} {noun}, {}", output::size(total))?;
     writeln!(
         out,
         "{:>10} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6} {:>10} {:>6} {:>7}",
