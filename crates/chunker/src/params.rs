@@ -111,6 +111,17 @@ impl ChunkerParams {
     }
 }
 
+impl ChunkerParams {
+    /// Limits for a target average in the default's proportions: minimum half of it,
+    /// maximum eight times it, each kept within the allowed range (so an average of
+    /// 4 MiB gets 1 MiB and 16 MiB), then checked as [`new`](Self::new) does.
+    pub fn for_average(avg_size: u32) -> Result<Self, ParamsError> {
+        let min_size = (avg_size / 2).clamp(MINIMUM_MIN, MINIMUM_MAX);
+        let max_size = avg_size.saturating_mul(8).clamp(MAXIMUM_MIN, MAXIMUM_MAX);
+        Self::new(min_size, avg_size, max_size)
+    }
+}
+
 impl Default for ChunkerParams {
     fn default() -> Self {
         Self::DEFAULT
@@ -200,6 +211,24 @@ mod tests {
             err.to_string(),
             "Maximum chunk size 1023 is outside the allowed range 1024 to 16777216"
         );
+    }
+
+    #[test]
+    fn an_average_alone_gets_the_default_proportions_within_the_limits() {
+        let d = ChunkerParams::DEFAULT;
+        assert_eq!(ChunkerParams::for_average(d.avg_size), Ok(d));
+        let p = ChunkerParams::for_average(16 * 1024).unwrap();
+        assert_eq!((p.min_size, p.max_size), (8 * 1024, 128 * 1024));
+        let p = ChunkerParams::for_average(4 * 1024 * 1024).unwrap();
+        assert_eq!((p.min_size, p.max_size), (1024 * 1024, 16 * 1024 * 1024));
+        assert!(matches!(
+            ChunkerParams::for_average(100),
+            Err(ParamsError::AvgOutOfRange { value: 100, .. })
+        ));
+        assert!(matches!(
+            ChunkerParams::for_average(u32::MAX),
+            Err(ParamsError::AvgOutOfRange { .. })
+        ));
     }
 
     #[test]

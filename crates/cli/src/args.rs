@@ -4,6 +4,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use cairn_core::chunker::ChunkerParams;
 use cairn_core::ops::find::SizeFilter;
 use clap::{Args, Parser, Subcommand};
 
@@ -103,6 +104,8 @@ pub enum Command {
     Diff(DiffArgs),
     /// Find files by name or path, with size, time and type filters, in all snapshots
     Find(FindArgs),
+    /// Show how much the repository stores, and how well it deduplicates and compresses
+    Stats(StatsArgs),
     /// Show how files are cut into chunks (offset, length, id of each)
     Chunk(ChunkArgs),
     /// Check that every snapshot can be restored; --read-data also verifies the data
@@ -388,6 +391,14 @@ pub struct CatArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// Count only these snapshots (id, unique prefix or `latest`), reading their trees;
+    /// without any, the whole repository from its index
+    #[arg(value_name = "SNAPSHOT")]
+    pub snapshots: Vec<String>,
+}
+
+#[derive(Debug, Args)]
 pub struct DiffArgs {
     /// The old side: a snapshot (id, unique prefix, `latest`) or a live directory
     /// (a path with a '/', `.`, or an existing directory that is not a snapshot id)
@@ -492,15 +503,31 @@ pub enum OverwriteArg {
 
 #[derive(Debug, Args)]
 pub struct ChunkArgs {
-    /// Files to chunk
-    #[arg(required = true)]
+    /// Files to chunk (with --sizes, directories too, walked recursively)
+    #[arg(required = true, value_name = "PATH")]
     pub files: Vec<PathBuf>,
+    /// Compare average chunk sizes on these files (e.g. 16K,64K,256K,1M,4M; minimum
+    /// avg/2, maximum avg*8): one row per size with chunk counts, dedup, compressed size
+    /// and chunking speed
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = parse_chunk_average,
+        conflicts_with_all = ["min", "avg", "max"],
+    )]
+    pub sizes: Vec<ChunkerParams>,
     #[arg(long, value_parser = parse_size)]
     pub min: Option<u32>,
     #[arg(long, value_parser = parse_size)]
     pub avg: Option<u32>,
     #[arg(long, value_parser = parse_size)]
     pub max: Option<u32>,
+}
+
+/// An average chunk size for `chunk --sizes`, with the limits derived from it.
+fn parse_chunk_average(s: &str) -> Result<ChunkerParams, String> {
+    ChunkerParams::for_average(parse_size(s)?)
+        .map_err(|e| format!("{s:?} cannot be an average chunk size: {e}"))
 }
 
 /// `4096`, `64K`, `1M`, `1MiB`, `2G`: binary units, up to 4 GiB - 1.

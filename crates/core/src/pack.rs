@@ -92,6 +92,23 @@ impl PackWriter {
     }
 }
 
+/// Size of the whole pack file that holds exactly `entries` (in any order): the blobs,
+/// the sealed header listing them, and its 4-byte length. Lets `stats` sum pack sizes
+/// from the index, without asking storage for each file's size.
+pub fn file_size(entries: &[PackEntry]) -> u64 {
+    let body = entries
+        .iter()
+        .map(|e| e.offset as u64 + e.length as u64)
+        .max()
+        .unwrap_or(0);
+    let header = PackHeader {
+        version: PACK_VERSION,
+        entries: entries.to_vec(),
+    };
+    let plain = postcard::to_stdvec(&header).expect("a pack header serializes");
+    body + (plain.len() + SEAL_OVERHEAD) as u64 + 4
+}
+
 /// Length of the sealed header, from the last 4 bytes of a pack.
 pub fn header_length(trailer: [u8; 4]) -> u64 {
     u32::from_le_bytes(trailer) as u64
@@ -179,6 +196,14 @@ mod tests {
             assert_eq!(key.open(sealed).unwrap(), plain);
             assert_eq!(e.id, key.blob_id(plain));
         }
+    }
+
+    #[test]
+    fn file_size_from_the_entries_is_the_size_of_the_pack() {
+        let key = MasterKey::generate();
+        let (_, bytes, mut entries) = pack_of(&key, &[b"one", b"two two", &[7; 5000]]);
+        entries.reverse();
+        assert_eq!(file_size(&entries), bytes.len() as u64);
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod init;
 mod repair;
 mod restore;
 mod snapshots;
+mod stats;
 
 use anyhow::Result;
 
@@ -34,6 +35,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Restore(a) => restore::run(g, a),
         Command::Diff(a) => diff::run(g, a),
         Command::Find(a) => find::run(g, a),
+        Command::Stats(a) => stats::run(g, a),
         Command::Chunk(a) => chunk::run(g, a),
         Command::Check(a) => check::run(g, a),
         Command::Forget(a) => forget::run(g, a),

@@ -1,4 +1,5 @@
-//! `cairn chunk`: content-defined chunk boundaries of a file, without a repository.
+//! `cairn chunk`: content-defined chunk boundaries of a file, without a repository, and
+//! `--sizes`: the same files cut with several chunk sizes, compared.
 
 use std::path::Path;
 
@@ -185,4 +186,104 @@ fn chunk_rejects_invalid_sizes_with_a_message() {
     assert_exit(&out, 1, "cairn chunk with min > avg");
     let err = stderr(&out).to_lowercase();
     assert!(err.contains("min") && err.contains("avg"), "{err}");
+}
+
+/// `cairn chunk --json --sizes SIZES PATHS...`, which must exit 0; returns the rows.
+fn size_rows(env: &TestEnv, sizes: &str, paths: &[&Path]) -> Vec<Value> {
+    let out = env
+        .bare_cmd()
+        .args(["chunk", "--json", "--sizes", sizes])
+        .args(paths)
+        .output()
+        .unwrap();
+    assert_success(&out, &format!("cairn chunk --sizes {sizes}"));
+    match parse_json(&out.stdout, "cairn chunk --sizes --json") {
+        Value::Array(rows) => rows,
+        other => panic!("cairn chunk --sizes --json prints an array, got {other}"),
+    }
+}
+
+#[test]
+fn chunk_sizes_prints_one_row_per_size_in_the_order_given() {
+    let env = TestEnv::new();
+    let file = env.path("data.bin");
+    write_file(&file, &random_bytes(3_000_000, 35));
+    let rows = size_rows(&env, "64K,16K,256K", &[&file]);
+    let avgs: Vec<u64> = rows.iter().map(|r| json_u64(r, "avg_bytes")).collect();
+    assert_eq!(avgs, [64 << 10, 16 << 10, 256 << 10]);
+    for r in &rows {
+        let avg = json_u64(r, "avg_bytes");
+        assert_eq!(json_u64(r, "min_bytes"), avg / 2, "{r}");
+        assert_eq!(json_u64(r, "max_bytes"), avg * 8, "{r}");
+        assert_eq!(json_u64(r, "total_bytes"), 3_000_000, "{r}");
+        assert_eq!(json_u64(r, "unique_bytes"), 3_000_000, "random data: {r}");
+        assert!(
+            json_u64(r, "compressed_bytes") >= 3_000_000,
+            "random data does not compress: {r}"
+        );
+    }
+    let counts: Vec<u64> = rows.iter().map(|r| json_u64(r, "chunks")).collect();
+    assert!(
+        counts[1] > counts[0] && counts[0] > counts[2],
+        "smaller chunks, more of them: {counts:?}"
+    );
+
+    // The same rows for people: a header, then one line per size, in order.
+    let out = env
+        .bare_cmd()
+        .args(["chunk", "--sizes", "64K,16K,256K"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn chunk --sizes");
+    let text = stdout(&out);
+    let firsts: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains("KiB"))
+        .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(firsts, ["64.0 KiB", "16.0 KiB", "256.0 KiB"], "{text}");
+}
+
+#[test]
+fn chunk_sizes_finds_repeated_content_in_a_directory_tree() {
+    let env = TestEnv::new();
+    let dir = env.path("tree");
+    let data = compressible_bytes(1_500_000, 36);
+    write_file(&dir.join("a.log"), &data);
+    write_file(&dir.join("deeper/down/copy.log"), &data);
+    let rows = size_rows(&env, "16K,64K", &[&dir]);
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(json_u64(r, "total_bytes"), 3_000_000, "both files: {r}");
+        assert_eq!(json_u64(r, "unique_bytes"), 1_500_000, "one copy: {r}");
+        assert_eq!(json_u64(r, "unique_chunks") * 2, json_u64(r, "chunks"));
+        assert_eq!(r["dedup_ratio"].as_f64(), Some(2.0), "{r}");
+        assert!(
+            json_u64(r, "compressed_bytes") < 1_500_000 / 3,
+            "text compresses: {r}"
+        );
+        assert!(
+            r["chunk_mib_per_s"].as_f64().is_some_and(|v| v > 0.0),
+            "{r}"
+        );
+    }
+}
+
+#[test]
+fn chunk_sizes_refuses_a_bad_size_naming_it() {
+    let env = TestEnv::new();
+    let file = env.path("data.bin");
+    write_file(&file, b"x");
+    for bad in ["9M", "100", "lots"] {
+        let out = env
+            .bare_cmd()
+            .args(["chunk", "--sizes", &format!("64K,{bad}")])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "--sizes 64K,{bad} is refused");
+        assert!(stderr(&out).contains(bad), "{}", stderr(&out));
+        assert!(out.stdout.is_empty(), "no rows: {}", stdout(&out));
+    }
 }

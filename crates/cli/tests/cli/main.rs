@@ -28,6 +28,7 @@ mod remote_cluster;
 mod remote_faults;
 mod restore;
 mod restore_filters;
+mod stats;
 mod trust_concurrency;
 mod trust_crash;
 mod trust_damage;

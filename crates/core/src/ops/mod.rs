@@ -15,4 +15,5 @@ pub mod repair;
 pub mod restore;
 pub mod restore_filter;
 pub mod select;
+pub mod stats;
 pub mod walk;

@@ -1,0 +1,107 @@
+//! The per-byte steps of a backup on one core, in bytes per second (`cargo bench -p
+//! cairn-core`): naming a blob (keyed BLAKE3), compressing it (zstd:3 and lz4, on text and
+//! on random data, which takes the store-raw path), sealing it (XChaCha20-Poly1305), and
+//! packing sealed blobs into a 16 MiB pack. The figures in docs/BENCHMARKS.md come from
+//! here.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use cairn_core::compress::{Compression, Compressor};
+use cairn_core::crypto::MasterKey;
+use cairn_core::pack::{BlobKind, PackWriter};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+#[path = "../../chunker/benches/input/mod.rs"]
+mod input;
+
+/// Blobs of the default average chunk size, as a backup hands them over.
+const BLOB_BYTES: usize = 1 << 20;
+/// Per iteration.
+const INPUT_BYTES: usize = 8 << 20;
+/// The default pack size.
+const PACK_BYTES: usize = 16 << 20;
+
+fn blobs(data: &[u8]) -> impl Iterator<Item = &[u8]> {
+    data.chunks(BLOB_BYTES)
+}
+
+fn blob_id(c: &mut Criterion) {
+    let key = MasterKey::generate();
+    let data = input::mixed(INPUT_BYTES, 2);
+    let mut group = c.benchmark_group("blob_id");
+    group.throughput(Throughput::Bytes(data.len() as u64));
+    group.bench_function("keyed blake3", |b| {
+        b.iter(|| {
+            for blob in blobs(&data) {
+                black_box(key.blob_id(blob));
+            }
+        })
+    });
+    group.finish();
+}
+
+fn compress(c: &mut Criterion) {
+    let inputs = [
+        ("text", input::text(INPUT_BYTES, 3)),
+        ("random", input::random(INPUT_BYTES, 4)),
+    ];
+    let mut group = c.benchmark_group("compress");
+    for (kind, data) in &inputs {
+        group.throughput(Throughput::Bytes(data.len() as u64));
+        for codec in [Compression::Zstd { level: 3 }, Compression::Lz4] {
+            let mut compressor = Compressor::new(codec);
+            group.bench_function(format!("{codec} {kind}"), |b| {
+                b.iter(|| {
+                    blobs(data)
+                        .map(|blob| compressor.compress(blob).len())
+                        .sum::<usize>()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+fn seal(c: &mut Criterion) {
+    let key = MasterKey::generate();
+    let data = input::mixed(INPUT_BYTES, 5);
+    let mut group = c.benchmark_group("seal");
+    group.throughput(Throughput::Bytes(data.len() as u64));
+    group.bench_function("xchacha20-poly1305", |b| {
+        b.iter(|| blobs(&data).map(|blob| key.seal(blob).len()).sum::<usize>())
+    });
+    group.finish();
+}
+
+fn pack(c: &mut Criterion) {
+    let key = MasterKey::generate();
+    let data = input::mixed(PACK_BYTES, 6);
+    // Sealed once up front: this measures the pack writer, not the cipher.
+    let sealed: Vec<_> = blobs(&data)
+        .map(|blob| (key.blob_id(blob), key.seal(blob), blob.len() as u32))
+        .collect();
+    let mut group = c.benchmark_group("pack");
+    group.throughput(Throughput::Bytes(data.len() as u64));
+    group.bench_function("add and finish 16 MiB", |b| {
+        b.iter(|| {
+            let mut writer = PackWriter::new(PACK_BYTES + (1 << 16));
+            for (id, blob, raw_length) in &sealed {
+                writer.add(*id, BlobKind::Data, blob, *raw_length);
+            }
+            black_box(writer.finish(&key)).1.len()
+        })
+    });
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    // A shared 2-core machine: few samples, short runs; the spread is in the output.
+    config = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    targets = blob_id, compress, seal, pack
+}
+criterion_main!(benches);
