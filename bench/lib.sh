@@ -20,8 +20,30 @@ measure() {
   /usr/bin/time -f "$name: %e s wall, %U s user, %S s sys, %M KiB peak RSS" "$@" >/dev/null
 }
 
-# Builds cairn in release mode in the checkout $1 and prints the binary's path.
+# timed OUT ERR CMD...: runs CMD with its stdout to OUT and stderr to ERR, and prints
+# "WALL CPU RSS" (seconds, user+sys seconds, peak KiB; GNU time's %e, %U+%S, %M). Fails
+# with CMD's status, so a step that fails is never reported as a time.
+timed() {
+  local out=$1 err=$2; shift 2
+  local t; t=$(mktemp)
+  if ! /usr/bin/time -o "$t" -f '%e %U %S %M' "$@" >"$out" 2>"$err"; then
+    rm -f "$t"; return 1
+  fi
+  awk '{ printf "%s %.2f %s\n", $1, $2 + $3, $4 }' "$t"
+  rm -f "$t"
+}
+
+# Builds cairn in release mode in the checkout $1 and prints the binary's path; with
+# CAIRN_BIN set, prints that instead (to measure a binary built elsewhere).
 build_cairn() {
+  if [ -n "${CAIRN_BIN:-}" ]; then echo "$CAIRN_BIN"; return; fi
   (cd "$1" && cargo build --release -p cairn-cli -q)
   echo "$1/target/release/cairn"
+}
+
+# Builds the plain parallel walk (crates/core/examples/statwalk.rs) in the checkout $1 and
+# prints its path.
+build_statwalk() {
+  (cd "$1" && cargo build --release -p cairn-core --example statwalk -q)
+  echo "$1/target/release/examples/statwalk"
 }

@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# cairn beside restic, borg, rustic, bupstash and conserve on the Linux 6.1 source tree, in
+# one run, each tool at its defaults (encryption on where the tool has it: conserve has
+# none). For each tool: init, first backup (page cache dropped), unchanged second backup,
+# restore (page cache dropped) into an empty directory, checked against the source with
+# `diff -r --no-dereference`. Wall time, CPU time (user+sys) and peak RSS come from GNU
+# time; repository size from `du -sb`. Two rows for cairn alone: a plain parallel walk
+# that lstat()s every file (crates/core/examples/statwalk.rs), the floor under an
+# unchanged backup; and a copy of the tree backed up into the repository that holds the
+# original (duplicate data).
+#
+# Prints a table per step and writes the same as markdown to WORKDIR/compare.md. Tools
+# not on PATH are skipped (and listed as such). Exits non-zero if any step failed or any
+# restore differed from the source.
+#
+# usage: bench/compare.sh [--no-install] [WORKDIR]     (as root: apt, drop_caches)
+#   --no-install, or CAIRN_BENCH_NO_INSTALL=1: do not run bench/install-peers.sh
+#   CAIRN_BIN=PATH: measure this cairn binary instead of building one
+#   CAIRN_BENCH_TOOLS="cairn restic ...": measure only these (default: all six)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+install=1
+[ "${CAIRN_BENCH_NO_INSTALL:-}" = 1 ] && install=0
+args=()
+for a in "$@"; do
+  case $a in
+    --no-install) install=0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) args+=("$a") ;;
+  esac
+done
+work=${args[0]:-/tmp/cairn-compare}
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+# shellcheck source=bench/lib.sh
+source "$here/bench/lib.sh"
+
+[ "$install" = 1 ] && "$here/bench/install-peers.sh"
+export PATH="$PATH:${CARGO_HOME:-$HOME/.cargo}/bin"
+src=$(prepare_linux_tree "$work")
+cairn=$(build_cairn "$here")
+statwalk=$(build_statwalk "$here")
+
+rm -rf "$work/repos" "$work/restore" "$work/cache" "$work/logs" "$work/linux-dup"
+mkdir -p "$work/repos" "$work/restore" "$work/cache" "$work/logs"
+results="$work/results.tsv"
+: >"$results"
+failures=()
+
+# Each tool reads its repository and password from the environment where it can.
+export CAIRN_PASSWORD=bench RESTIC_PASSWORD=bench BORG_PASSPHRASE=bench \
+  RUSTIC_PASSWORD=bench RUSTIC_NO_PROGRESS=true \
+  CAIRN_REPOSITORY="$work/repos/cairn" RESTIC_REPOSITORY="$work/repos/restic" \
+  RUSTIC_REPOSITORY="$work/repos/rustic" BUPSTASH_REPOSITORY="$work/repos/bupstash" \
+  BUPSTASH_KEY="$work/repos/bupstash.key"
+
+# tool_cmd TOOL STEP: sets `cmd` to TOOL's command line for STEP (init, backup1, backup2,
+# restore). Backups are of the same absolute path for every tool; restores go into
+# $work/restore/TOOL, which exists and is empty.
+tool_cmd() {
+  local repo="$work/repos/$1" dest="$work/restore/$1"
+  case $1:$2 in
+    cairn:init) cmd=("$cairn" init -q) ;;
+    cairn:backup*) cmd=("$cairn" backup "$src") ;;
+    cairn:restore) cmd=("$cairn" restore latest --target "$dest") ;;
+    restic:init) cmd=(restic init) ;;
+    restic:backup*) cmd=(restic backup "$src") ;;
+    restic:restore) cmd=(restic restore latest --target "$dest") ;;
+    borg:init) cmd=(borg init --encryption=repokey-blake2 "$repo") ;;
+    borg:backup*) cmd=(borg create "$repo::$2" "$src") ;;
+    # borg extracts into the current directory.
+    borg:restore) cmd=(env -C "$dest" borg extract "$repo::backup2") ;;
+    rustic:init) cmd=(rustic init) ;;
+    rustic:backup*) cmd=(rustic backup "$src") ;;
+    rustic:restore) cmd=(rustic restore latest "$dest") ;;
+    # A bupstash repository needs a key, made with the repository.
+    bupstash:init) cmd=(bash -c 'bupstash init && bupstash new-key -o "$BUPSTASH_KEY"') ;;
+    # The step=... tag names the item, so the restore can ask for the second one.
+    bupstash:backup*) cmd=(bupstash put "step=$2" "$src") ;;
+    # bupstash get streams a directory as tar; the time and RSS include tar's.
+    bupstash:restore)
+      cmd=(bash -c 'set -o pipefail; bupstash get step=backup2 | tar -xf - -C "$1"' _ "$dest") ;;
+    conserve:init) cmd=(conserve init "$repo") ;;
+    conserve:backup*) cmd=(conserve backup "$repo" "$src") ;;
+    conserve:restore) cmd=(conserve restore "$repo" "$dest") ;;
+    *) echo "no command for $1 $2" >&2; return 1 ;;
+  esac
+}
+
+# record STEP TOOL WALL CPU RSS EXTRA...: one row of results.tsv.
+record() { (IFS=$'\t'; echo "$*") >>"$results"; }
+
+# fail MESSAGE LOG: says loudly what went wrong and remembers it for the exit status.
+fail() {
+  echo "!!! $1 (see $2)" >&2
+  tail -n 20 "$2" >&2 || true
+  failures+=("$1")
+}
+
+# step TOOL STEP: times one step, records it with the repository's size after it (none
+# after a restore) and prints it. The tool's output goes to $work/logs/TOOL-STEP.*.
+step() {
+  local tool=$1 s=$2 log="$work/logs/$1-$2" m size=- wall cpu rss
+  tool_cmd "$tool" "$s"
+  if ! m=$(timed "$log.out" "$log.err" "${cmd[@]}"); then
+    fail "$tool $s failed" "$log.err"
+    record "$s" "$tool" failed
+    return 1
+  fi
+  [ "$s" = restore ] || size=$({ du -sb "$work/repos/$tool" 2>/dev/null || echo -; } | cut -f1)
+  read -r wall cpu rss <<<"$m"
+  record "$s" "$tool" "$wall" "$cpu" "$rss" "$size"
+  printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS\n' "$tool" "$s" "$wall" "$cpu" $((rss / 1024))
+}
+
+# verify TOOL: compares the restored tree with the source, wherever under the target the
+# tool put it (restic, borg, rustic and cairn keep the absolute path; bupstash and
+# conserve restore the directory's contents).
+verify() {
+  local tool=$1 dest="$work/restore/$1" got log="$work/logs/$1-diff"
+  got=$(find "$dest" -type d -name linux-source-6.1 -print -quit)
+  if [ -n "$got" ] && diff -r --no-dereference "$src/linux-source-6.1" "$got" >"$log" 2>&1; then
+    record verify "$tool" identical
+  else
+    [ -n "$got" ] || echo "no linux-source-6.1 under $dest" >>"$log"
+    fail "$tool restore DIFFERS from the source" "$log"
+    record verify "$tool" DIFFERS
+  fi
+}
+
+# The cairn-only rows, with cairn's repository holding the first and second backups.
+walk_row() {
+  local m wall cpu rss log="$work/logs/statwalk"
+  if ! m=$(timed "$log.out" "$log.err" "$statwalk" "$src"); then
+    fail "statwalk failed" "$log.err"; return 0
+  fi
+  read -r wall cpu rss <<<"$m"
+  record walk "plain parallel walk" "$wall" "$cpu" "$rss" -
+  printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS  (%s)\n' statwalk walk "$wall" "$cpu" \
+    $((rss / 1024)) "$(cat "$log.out")"
+}
+
+duplicate_row() {
+  local dup="$work/linux-dup" m wall cpu rss log="$work/logs/cairn-duplicate" added total
+  cp -a "$src" "$dup"
+  drop_caches
+  if ! m=$(timed "$log.out" "$log.err" "$cairn" backup --json "$dup"); then
+    fail "cairn backup of the duplicate failed" "$log.err"; rm -rf "$dup"; return 0
+  fi
+  read -r wall cpu rss <<<"$m"
+  added=$(grep -oE '"bytes_added": *[0-9]+' "$log.out" | grep -oE '[0-9]+$')
+  total=$(grep -oE '"total_bytes": *[0-9]+' "$log.out" | grep -oE '[0-9]+$')
+  record duplicate cairn "$wall" "$cpu" "$rss" "$added" "$total"
+  printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS  %s bytes added\n' cairn duplicate \
+    "$wall" "$cpu" $((rss / 1024)) "$added"
+  rm -rf "$dup"
+}
+
+# run_tool TOOL: every step of one tool, in a cache and config home of its own (so no
+# earlier run or user setting counts). Stops at the first failed step.
+run_tool() {
+  local tool=$1
+  export XDG_CACHE_HOME="$work/cache/$tool" XDG_CONFIG_HOME="$work/cache/$tool/config" \
+    BORG_BASE_DIR="$work/cache/$tool"
+  mkdir -p "$XDG_CACHE_HOME" "$work/restore/$tool"
+  echo "== $tool"
+  step "$tool" init || return 0
+  drop_caches; step "$tool" backup1 || return 0
+  step "$tool" backup2 || return 0
+  [ "$tool" = cairn ] && walk_row
+  drop_caches; step "$tool" restore || return 0
+  verify "$tool"
+  [ "$tool" = cairn ] && duplicate_row
+  # Keep the disk free for the next tool: the figures are recorded.
+  rm -rf "$work/restore/$tool" "$work/repos/$tool"
+}
+
+version_of() {
+  case $1 in
+    cairn) "$cairn" --version ;;
+    restic) restic version ;;
+    bupstash) bupstash version ;;
+    *) "$1" --version ;;
+  esac 2>&1 | head -n 1 || true
+}
+
+src_bytes=$(du -sb "$src" | cut -f1)
+src_files=$(find "$src" -type f | wc -l)
+echo "source: $src ($src_bytes bytes in $src_files files)"
+tools=() missing=()
+for t in ${CAIRN_BENCH_TOOLS:-cairn restic borg rustic bupstash conserve}; do
+  if [ "$t" = cairn ] || command -v "$t" >/dev/null; then tools+=("$t"); else missing+=("$t"); fi
+done
+versions=()
+for t in "${tools[@]}"; do versions+=("$(version_of "$t")"); done
+for t in "${tools[@]}"; do run_tool "$t"; done
+
+# render text|md: the results as one table per step. For each step, a last row gives
+# cairn's wall time, peak RSS and repository size over the best of the other tools.
+render() {
+  awk -F'\t' -v fmt="$1" -v src_bytes="$src_bytes" '
+    function mib(b) { return b == "-" ? "-" : sprintf("%.1f", b / 1048576) }
+    function ratio(c, best, who) {
+      if (c == "" || best == "" || best + 0 == 0 || c == "-") return "-"
+      return sprintf("%.2f%s (%s)", c / best, fmt == "md" ? "×" : "x", who)
+    }
+    function row(a, b, c, d, e, f) {
+      if (fmt == "md") {
+        line = "| " a " | " b " | " c " | " d " | " e " |"
+        if (f != "") line = line " " f " |"
+        print line
+      } else printf "  %-22s %18s %8s %18s %18s  %s\n", a, b, c, d, e, f
+    }
+    function table(s, title, extra,    i, n, t, best_w, best_r, best_s, who_w, who_r, who_s) {
+      if (!(s in count)) return
+      if (fmt == "md") {
+        print "\n### " title "\n"
+        row("tool", "wall s", "CPU s", "peak RSS MiB", "repository MiB", extra)
+        row("---", "---", "---", "---", "---", extra == "" ? "" : "---")
+      } else {
+        print "\n" title
+        row("tool", "wall s", "CPU s", "RSS MiB", "repo MiB", extra)
+      }
+      for (i = 1; i <= count[s]; i++) {
+        t = tool[s, i]
+        if (wall[s, t] == "failed") { row(t, "failed", "-", "-", "-", ""); continue }
+        row(t, wall[s, t], cpu[s, t], mib(rss[s, t] * 1024), mib(size[s, t]),
+            extra == "" ? "" : (t in verified ? verified[t] : "-"))
+        if (t == "cairn" || t == "plain parallel walk") continue
+        if (best_w == "" || wall[s, t] + 0 < best_w + 0) { best_w = wall[s, t]; who_w = t }
+        if (best_r == "" || rss[s, t] + 0 < best_r + 0) { best_r = rss[s, t]; who_r = t }
+        if (size[s, t] != "-" && (best_s == "" || size[s, t] + 0 < best_s + 0)) {
+          best_s = size[s, t]; who_s = t
+        }
+      }
+      if (((s, "cairn") in wall) && wall[s, "cairn"] != "failed" && best_w != "")
+        row("cairn / best other", ratio(wall[s, "cairn"], best_w, who_w), "-",
+            ratio(rss[s, "cairn"], best_r, who_r), ratio(size[s, "cairn"], best_s, who_s),
+            extra == "" ? "" : "-")
+    }
+    $1 == "verify" { verified[$2] = $3; next }
+    $1 == "duplicate" { dup = $0; next }
+    {
+      s = $1 == "walk" ? "backup2" : $1
+      count[s]++; tool[s, count[s]] = $2
+      wall[s, $2] = $3; cpu[s, $2] = $4; rss[s, $2] = $5; size[s, $2] = $6
+    }
+    END {
+      table("init", "init")
+      table("backup1", "first backup (page cache dropped first)")
+      table("backup2", "unchanged second backup")
+      if (("backup2", "plain parallel walk") in wall && ("backup2", "cairn") in wall &&
+          wall["backup2", "cairn"] != "failed")
+        printf "%scairn unchanged backup / plain parallel walk (lstat of every file, all cores): %.2f%s (target: within 2%s)\n",
+          fmt == "md" ? "\n" : "  ", wall["backup2", "cairn"] / wall["backup2", "plain parallel walk"],
+          fmt == "md" ? "×" : "x", fmt == "md" ? "×" : "x"
+      table("restore", "restore (page cache dropped first)", "identical to source")
+      if (dup != "") {
+        split(dup, d, "\t")
+        title = "duplicate data: a cp -a copy of the tree, backed up into cairn'"'"'s repository holding the original (page cache dropped first)"
+        mbs = sprintf("%.1f", d[7] / 1e6 / d[3])
+        if (fmt == "md") {
+          print "\n### " title "\n"
+          print "| tool | wall s | CPU s | peak RSS MiB | MB/s | bytes added |"
+          print "| --- | --- | --- | --- | --- | --- |"
+          print "| cairn | " d[3] " | " d[4] " | " mib(d[5] * 1024) " | " mbs " | " d[6] " |"
+        } else {
+          print "\n" title
+          printf "  %-22s %10s %10s %10s %12s  %s\n", "tool", "wall s", "CPU s", "RSS MiB", "MB/s", "bytes added"
+          printf "  %-22s %10s %10s %10s %12s  %s\n", "cairn", d[3], d[4], mib(d[5] * 1024), mbs, d[6]
+        }
+      }
+    }' "$results"
+}
+
+render text
+{
+  echo "## Compared with other tools: the Linux 6.1 source tree"
+  echo
+  echo "\`bench/compare.sh\` at commit $(git -C "$here" describe --always --dirty) on $(date -u +%Y-%m-%d)" \
+    "($(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM);" \
+    "source $src_bytes bytes in $src_files files. Each tool at its defaults; conserve has no" \
+    "encryption. Peak RSS of the bupstash restore is the larger of \`bupstash get\` and \`tar -x\`."
+  echo
+  for i in "${!tools[@]}"; do echo "- ${tools[$i]}: ${versions[$i]}"; done
+  for t in "${missing[@]}"; do echo "- $t: not on PATH, not measured"; done
+  render md
+} >"$work/compare.md"
+echo
+echo "markdown: $work/compare.md"
+if [ ${#failures[@]} -gt 0 ]; then
+  printf '!!! %s\n' "${failures[@]}" >&2
+  exit 1
+fi
