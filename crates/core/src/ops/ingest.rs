@@ -18,6 +18,7 @@
 use std::cell::Cell;
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -137,6 +138,9 @@ fn run(ctx: &Context, job: Job, buffer: &mut Vec<u8>) {
     }
 }
 
+/// Files of a bundle opened, and read ahead, at once.
+const READ_AHEAD: usize = 32;
+
 /// Reads small files into one blob. A file that grew past the bundle limit since it was
 /// listed is chunked on its own instead.
 fn bundle(
@@ -149,34 +153,52 @@ fn bundle(
     // (slot, offset, length) of each file read into `data`.
     let mut placed: Vec<(usize, usize, usize)> = Vec::with_capacity(files.len());
     let mut out = Vec::with_capacity(files.len());
-    for (slot, path) in files {
-        if ctx.monitor.cancelled() {
-            out.push((slot, Err(Error::Interrupted)));
-            continue;
-        }
-        let start = data.len();
-        let read = File::open(&path).and_then(|f| {
-            let started = Instant::now();
-            let r = f.take(limit + 1).read_to_end(&mut data);
-            ctx.timings.read.add(started);
-            r
-        });
-        match read {
-            Ok(n) if n as u64 > limit => {
-                data.truncate(start);
-                let outcome = match File::open(&path) {
-                    Ok(mut f) => chunk_stream(ctx, &mut f, buffer),
-                    Err(e) => Ok(Err(e)),
-                };
-                out.push((slot, outcome));
+    for window in files.chunks(READ_AHEAD) {
+        // Open the window's files and tell the kernel to read them all now: a directory
+        // of small files read one by one from a cold disk waits for each in turn.
+        let opened: Vec<io::Result<File>> = window
+            .iter()
+            .map(|(_, path)| {
+                let file = File::open(path)?;
+                let _ = nix::fcntl::posix_fadvise(
+                    file.as_raw_fd(),
+                    0,
+                    0,
+                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
+                );
+                Ok(file)
+            })
+            .collect();
+        for ((slot, path), file) in window.iter().zip(opened) {
+            let slot = *slot;
+            if ctx.monitor.cancelled() {
+                out.push((slot, Err(Error::Interrupted)));
+                continue;
             }
-            Ok(n) => {
-                ctx.monitor.bytes_done(n as u64);
-                placed.push((slot, start, n));
-            }
-            Err(e) => {
-                data.truncate(start);
-                out.push((slot, Ok(Err(e))));
+            let start = data.len();
+            let read = file.and_then(|f| {
+                let started = Instant::now();
+                let r = f.take(limit + 1).read_to_end(&mut data);
+                ctx.timings.read.add(started);
+                r
+            });
+            match read {
+                Ok(n) if n as u64 > limit => {
+                    data.truncate(start);
+                    let outcome = match File::open(path) {
+                        Ok(mut f) => chunk_stream(ctx, &mut f, buffer),
+                        Err(e) => Ok(Err(e)),
+                    };
+                    out.push((slot, outcome));
+                }
+                Ok(n) => {
+                    ctx.monitor.bytes_done(n as u64);
+                    placed.push((slot, start, n));
+                }
+                Err(e) => {
+                    data.truncate(start);
+                    out.push((slot, Ok(Err(e))));
+                }
             }
         }
     }
