@@ -479,10 +479,13 @@ impl Archiver<'_> {
 
     /// The subtree of the parent snapshot at the same place, if it is a directory there.
     fn parent_subtree(&mut self, parent: Option<&Node>, path: &Path) -> Option<Tree> {
-        let Some(NodeKind::Dir { subtree }) = parent.map(|n| &n.kind) else {
-            return None;
-        };
-        match self.repo.read_tree(subtree) {
+        let read = parent_dir(parent).map(|id| self.repo.read_tree(&id));
+        self.usable_parent(path, read)
+    }
+
+    /// The parent snapshot's tree of directory `path` as read; an error is reported.
+    fn usable_parent(&mut self, path: &Path, read: Option<Result<Tree>>) -> Option<Tree> {
+        match read? {
             Ok(t) => Some(t),
             Err(e) => {
                 // Not fatal: the directory is read in full instead.
@@ -589,21 +592,7 @@ impl Archiver<'_> {
         for p in &listing.problems {
             self.problem(dir, p);
         }
-        let parent = match listing.parent {
-            Some(Ok(tree)) => Some(tree),
-            Some(Err(e)) => {
-                // Not fatal: the directory is read in full instead.
-                self.monitor.problem(
-                    dir,
-                    &format!(
-                        "parent snapshot unreadable here, reading all files: {}",
-                        crate::error::chain(&e)
-                    ),
-                );
-                None
-            }
-            None => None,
-        };
+        let parent = self.usable_parent(dir, listing.parent);
         let entries = listing.entries;
         let present = |n: &std::ffi::OsStr| {
             entries
