@@ -81,8 +81,8 @@ tool_cmd() {
     bupstash:restore)
       cmd=(bash -c 'set -o pipefail; bupstash get step=backup2 | tar -xf - -C "$1"' _ "$dest") ;;
     conserve:init) cmd=(conserve init "$repo") ;;
-    conserve:backup*) cmd=(conserve backup "$repo" "$src") ;;
-    conserve:restore) cmd=(conserve restore "$repo" "$dest") ;;
+    conserve:backup*) cmd=(conserve --no-progress backup "$repo" "$src") ;;
+    conserve:restore) cmd=(conserve --no-progress restore "$repo" "$dest") ;;
     *) echo "no command for $1 $2" >&2; return 1 ;;
   esac
 }
