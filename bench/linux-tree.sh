@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # First backup, unchanged second backup and restore of the Linux 6.1 source tree with
-# cairn alone: wall time, CPU time and peak RSS of each step. (The side-by-side comparison
-# with restic, borg and others is issue 6's `bench/` work.)
+# cairn alone: wall time, CPU time and peak RSS of each step. (bench/compare.sh runs the
+# same steps side by side with restic, borg, rustic, bupstash and conserve.)
 #
 # usage: bench/linux-tree.sh [WORKDIR]     (needs root for apt and drop_caches, or a prepared tree)
 set -euo pipefail
