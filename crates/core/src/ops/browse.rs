@@ -110,6 +110,16 @@ pub fn walk(
     Ok(())
 }
 
+/// Whether `content` refers to whole blobs only (a file cut into chunks), not to parts of
+/// blobs (small files bundled together, see `ops::ingest`): only then do equal bytes
+/// mean equal references.
+pub fn whole_blobs(repo: &Repository, content: &[ContentRef]) -> bool {
+    let index = repo.index();
+    content
+        .iter()
+        .all(|c| c.offset == 0 && index.get(&c.blob).is_some_and(|l| l.raw_length == c.len))
+}
+
 /// Writes the content of file `node` to `out`, blob by blob, each verified.
 pub fn cat(repo: &Repository, node: &Node, path: &str, out: &mut dyn Write) -> Result<u64> {
     let NodeKind::File { content, .. } = &node.kind else {

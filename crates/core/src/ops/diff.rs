@@ -607,12 +607,7 @@ impl Differ<'_> {
         if ca == cb {
             return Ok(true);
         }
-        let index = self.repo.index();
-        let whole = |c: &[ContentRef]| {
-            c.iter()
-                .all(|r| r.offset == 0 && index.get(&r.blob).is_some_and(|l| l.raw_length == r.len))
-        };
-        if whole(ca) && whole(cb) {
+        if browse::whole_blobs(self.repo, ca) && browse::whole_blobs(self.repo, cb) {
             return Ok(false);
         }
         Ok(self.read_content(path, a)? == self.read_content(path, b)?)

@@ -727,11 +727,7 @@ impl Restorer<'_> {
             .read(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(path)?;
-        let index = self.repo.index();
-        let whole_blobs = content
-            .iter()
-            .all(|c| c.offset == 0 && index.get(&c.blob).is_some_and(|l| l.raw_length == c.len));
-        if !whole_blobs {
+        if !browse::whole_blobs(self.repo, content) {
             return self.same_bytes(file, content);
         }
         let mut chunker = cairn_chunker::Chunker::new(file, params, seed);
