@@ -129,7 +129,56 @@ fn is_unsupported(e: &io::Error) -> bool {
 /// that keeps each step from undoing another: chown clears setuid bits, so mode comes after.
 /// Returns the first failure after trying every step.
 pub fn apply(path: &Path, node: &Node, owners: bool) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
     let is_link = matches!(node.kind, NodeKind::Symlink { .. });
+    let mtime = filetime::FileTime::from_unix_time(node.mtime.sec, node.mtime.nsec);
+    apply_steps(
+        node,
+        owners,
+        || std::os::unix::fs::lchown(path, Some(node.uid), Some(node.gid)),
+        |x| match xattr::set(path, std::ffi::OsStr::from_bytes(&x.name), &x.value) {
+            Err(e) if is_link && e.raw_os_error() == Some(libc::EPERM) => Ok(()),
+            r => r,
+        },
+        || {
+            use std::os::unix::fs::PermissionsExt;
+            if is_link {
+                return Ok(());
+            }
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(node.mode))
+        },
+        || filetime::set_symlink_file_times(path, mtime, mtime),
+    )
+}
+
+/// As [`apply`], for an open regular file: no path lookup for each step (a restore
+/// finishes every file it writes so).
+pub fn apply_to_file(file: &std::fs::File, node: &Node, owners: bool) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    use xattr::FileExt;
+    let mtime = filetime::FileTime::from_unix_time(node.mtime.sec, node.mtime.nsec);
+    apply_steps(
+        node,
+        owners,
+        || std::os::unix::fs::fchown(file, Some(node.uid), Some(node.gid)),
+        |x| file.set_xattr(std::ffi::OsStr::from_bytes(&x.name), &x.value),
+        || {
+            use std::os::unix::fs::PermissionsExt;
+            file.set_permissions(std::fs::Permissions::from_mode(node.mode))
+        },
+        || filetime::set_file_handle_times(file, Some(mtime), Some(mtime)),
+    )
+}
+
+/// The steps of [`apply`] in their order, each tried even when an earlier one failed.
+fn apply_steps(
+    node: &Node,
+    owners: bool,
+    chown: impl FnOnce() -> io::Result<()>,
+    mut set_xattr: impl FnMut(&Xattr) -> io::Result<()>,
+    chmod: impl FnOnce() -> io::Result<()>,
+    times: impl FnOnce() -> io::Result<()>,
+) -> io::Result<()> {
     let mut first_err: Option<io::Error> = None;
     let mut note = |r: io::Result<()>| {
         if let Err(e) = r {
@@ -137,29 +186,13 @@ pub fn apply(path: &Path, node: &Node, owners: bool) -> io::Result<()> {
         }
     };
     if owners {
-        note(std::os::unix::fs::lchown(
-            path,
-            Some(node.uid),
-            Some(node.gid),
-        ));
+        note(chown());
     }
-    use std::os::unix::ffi::OsStrExt;
     for x in &node.xattrs {
-        let name = std::ffi::OsStr::from_bytes(&x.name);
-        match xattr::set(path, name, &x.value) {
-            Err(e) if is_link && e.raw_os_error() == Some(libc::EPERM) => {}
-            r => note(r),
-        }
+        note(set_xattr(x));
     }
-    if !is_link {
-        use std::os::unix::fs::PermissionsExt;
-        note(std::fs::set_permissions(
-            path,
-            std::fs::Permissions::from_mode(node.mode),
-        ));
-    }
-    let mtime = filetime::FileTime::from_unix_time(node.mtime.sec, node.mtime.nsec);
-    note(filetime::set_symlink_file_times(path, mtime, mtime));
+    note(chmod());
+    note(times());
     match first_err {
         Some(e) => Err(e),
         None => Ok(()),

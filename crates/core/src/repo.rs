@@ -326,14 +326,24 @@ impl Repository {
                 loc.length as u64,
             )?,
         };
-        let plain = self
-            .unseal_blob(id, &sealed, loc.raw_length as usize)
+        let plain = self.open_blob(id, &loc, &sealed)?;
+        Ok((sealed, plain))
+    }
+
+    /// Decrypts, decompresses and verifies blob `id` from `sealed`, the bytes of its pack
+    /// that `loc` names.
+    pub(crate) fn open_blob(
+        &self,
+        id: &BlobId,
+        loc: &BlobLocation,
+        sealed: &[u8],
+    ) -> Result<Vec<u8>> {
+        self.unseal_blob(id, sealed, loc.raw_length as usize)
             .map_err(|reason| Error::BlobDamaged {
                 id: *id,
                 pack: loc.pack,
                 reason,
-            })?;
-        Ok((sealed, plain))
+            })
     }
 
     /// A blob's sealed bytes from the window of its pack around it, on a remote store;

@@ -185,3 +185,36 @@ fn runs_of_zeros_are_restored_as_holes() {
         );
     }
 }
+
+#[test]
+fn a_restore_reads_each_pack_it_needs_once() {
+    let env = TestEnv::new();
+    env.init(&["--pack-size", "1M"]);
+    let src = env.path("src");
+    // 24 files of 300 KiB in about 8 packs, then the same files again elsewhere in the
+    // tree in another order, so that the walk needs the packs in an order unlike theirs
+    // and every blob twice.
+    let files: Vec<Vec<u8>> = (0..24).map(|i| random_bytes(300 << 10, i)).collect();
+    for (i, data) in files.iter().enumerate() {
+        write_file(&src.join(format!("b/{i:02}")), data);
+        write_file(&src.join(format!("a/{:02}", (i * 7) % 24)), data);
+    }
+    env.backup(&[&src], &[]);
+    let stats = env.cmd().args(["stats", "--json"]).output().unwrap();
+    let stats = parse_json(&stats.stdout, "cairn stats --json");
+    let (packs, pack_bytes) = (json_u64(&stats, "packs"), json_u64(&stats, "pack_bytes"));
+    assert!(packs >= 8, "{stats}");
+
+    let target = env.path("restored");
+    let out = env.restore("latest", &target, &["--json"]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+    let report = parse_json(&out.stdout, "cairn restore --json");
+    // Each pack once and each blob once, though every blob is restored twice.
+    assert!(json_u64(&report, "packs_read") < packs, "{report} {stats}");
+    assert!(json_u64(&report, "bytes_read") < pack_bytes, "{report} {stats}");
+    assert_eq!(
+        json_u64(&report, "bytes_restored"),
+        2 * 24 * (300 << 10),
+        "{report}"
+    );
+}

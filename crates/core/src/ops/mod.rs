@@ -14,6 +14,7 @@ pub mod prune;
 pub mod repair;
 pub mod restore;
 pub mod restore_filter;
+mod restore_packs;
 pub mod select;
 pub mod stats;
 pub mod walk;

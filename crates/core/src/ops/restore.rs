@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, Write};
+use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -28,6 +28,7 @@ use crate::monitor::Monitor;
 use crate::ops::backup::SourceProblem;
 use crate::ops::browse::{self, Entry};
 use crate::ops::restore_filter::{child_path, RestoreFilter, Selection};
+use crate::ops::restore_packs::{self, FileDone, FileJob};
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{is_safe_name, Node, NodeKind};
@@ -87,6 +88,11 @@ pub struct RestoreStats {
     /// Sockets are not restored: the program that made one makes it again.
     pub sockets_skipped: u64,
     pub files_verified: u64,
+    /// Packs the restore read file contents from, each once, front to back (a pack whose
+    /// blobs the walk needs far apart may be read once for each batch of files).
+    pub packs_read: u64,
+    /// Bytes read from those packs.
+    pub bytes_read: u64,
     pub errors: Vec<SourceProblem>,
     pub duration_ms: u64,
 }
@@ -116,7 +122,8 @@ pub fn restore(
     } else {
         WRITERS
     };
-    let (job_tx, job_rx) = crossbeam_channel::bounded::<FileJob>(writers * 4);
+    // A rendezvous: the walk makes the next batch while the last one is written.
+    let (batch_tx, batch_rx) = crossbeam_channel::bounded::<Vec<FileJob>>(0);
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<FileDone>();
     let mut r = Restorer {
         repo,
@@ -126,30 +133,34 @@ pub fn restore(
         stats: RestoreStats::default(),
         links: HashMap::new(),
         pending: Vec::new(),
-        jobs: Some(job_tx),
+        jobs: Some(batch_tx),
+        batch: Vec::new(),
+        batch_parts: 0,
         done: done_rx,
         dirs: Vec::new(),
-        in_flight: HashSet::new(),
+        in_flight: HashMap::new(),
     };
     let walked = std::thread::scope(|scope| {
-        for _ in 0..writers {
-            let (jobs, done) = (job_rx.clone(), done_tx.clone());
-            scope.spawn(move || {
-                for job in jobs {
-                    let outcome = place_file(repo, opts, monitor, &job.node, &job.tmp, &job.path);
-                    if done.send(FileDone { job, outcome }).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-        drop(done_tx);
+        let fill = scope
+            .spawn(move || restore_packs::fill(repo, opts, monitor, writers, batch_rx, &done_tx));
         let walked = r.walk(start, existed, &start_path);
-        // Closing the queue lets the writers finish what is queued and stop.
+        r.send_batch();
+        // Closing the queue lets the writers finish the last batch and stop.
         r.jobs = None;
+        if let Ok(reads) = fill.join() {
+            r.stats.packs_read = reads.packs;
+            r.stats.bytes_read = reads.bytes;
+        }
         walked
     });
     r.collect_done();
+    // Files the writers never reported (a writer thread panicked) were not restored.
+    let mut lost: Vec<(PathBuf, PathBuf)> = r.in_flight.drain().collect();
+    lost.sort();
+    for (tmp, path) in lost {
+        let _ = fs::remove_file(&tmp);
+        r.problem(&path, &"not restored: a writer thread stopped unexpectedly");
+    }
     // Directory times last: writing into a directory changes its mtime.
     for (path, node) in std::mem::take(&mut r.dirs).into_iter().rev() {
         if let Err(e) = fsmeta::apply(&path, &node, opts.owners) {
@@ -163,137 +174,10 @@ pub fn restore(
 
 /// Threads writing file contents. Reading a blob is a request to the store (tens of
 /// milliseconds to an object store) followed by decryption and decompression: several
-/// files at once keep both the network and the cores busy.
+/// packs at once keep both the network and the cores busy.
 const WRITERS: usize = 8;
 /// As many as the remote store's limit on concurrent requests.
 const REMOTE_WRITERS: usize = 16;
-
-/// A file to write under a temporary name and rename into place.
-struct FileJob {
-    node: Node,
-    tmp: PathBuf,
-    path: PathBuf,
-}
-
-struct FileDone {
-    job: FileJob,
-    /// Whether the file was verified, or why it was not restored.
-    outcome: std::result::Result<bool, String>,
-}
-
-/// Writes `node`'s contents to `tmp` from verified blobs, applies its metadata, checks it
-/// with `verify`, and renames it to `path`; on failure removes `tmp`.
-fn place_file(
-    repo: &Repository,
-    opts: &RestoreOptions,
-    monitor: &dyn Monitor,
-    node: &Node,
-    tmp: &Path,
-    path: &Path,
-) -> std::result::Result<bool, String> {
-    let result = write_file(repo, monitor, node, tmp, path).and_then(|hash| {
-        fsmeta::apply(tmp, node, opts.owners).map_err(|e| format!("metadata not restored: {e}"))?;
-        if opts.verify {
-            verify(tmp, &hash).map_err(|e| format!("verification failed: {e}"))?;
-        }
-        // Only now, with the new file complete, is an existing one replaced: rename
-        // replaces a file or symlink atomically; a directory must go first.
-        if let Ok(md) = fs::symlink_metadata(path) {
-            if md.is_dir() {
-                fs::remove_dir_all(path).map_err(|e| e.to_string())?;
-            }
-        }
-        fs::rename(tmp, path).map_err(|e| e.to_string())?;
-        Ok(opts.verify)
-    });
-    if result.is_err() {
-        let _ = fs::remove_file(tmp);
-    }
-    result
-}
-
-/// Writes the file's blobs to `tmp`; returns the BLAKE3 hash of what was written.
-fn write_file(
-    repo: &Repository,
-    monitor: &dyn Monitor,
-    node: &Node,
-    tmp: &Path,
-    path: &Path,
-) -> std::result::Result<blake3::Hash, String> {
-    let NodeKind::File { content, size } = &node.kind else {
-        return Err("not a regular file".into());
-    };
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(tmp)
-        .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
-    let mut hasher = blake3::Hasher::new();
-    let mut written = 0u64;
-    // Whether the file so far ends in a hole, which only `set_len` can make part of it.
-    let mut in_hole = false;
-    for part in content {
-        if monitor.cancelled() {
-            return Err("interrupted".into());
-        }
-        let blob = repo
-            .read_blob_shared(&part.blob)
-            .map_err(|e| format!("not restored, {}", crate::error::chain(&e)))?;
-        let range = blob
-            .get(part.offset as usize..(part.offset + part.len) as usize)
-            .ok_or_else(|| format!("content reference outside blob {}", part.blob))?;
-        in_hole = write_sparse(&mut file, range, in_hole).map_err(|e| e.to_string())?;
-        hasher.update(range);
-        written += range.len() as u64;
-        monitor.bytes_done(range.len() as u64);
-    }
-    if in_hole {
-        file.set_len(written).map_err(|e| e.to_string())?;
-    }
-    if written != *size {
-        return Err(format!(
-            "snapshot says {} has {size} bytes but its chunks hold {written}",
-            path.display()
-        ));
-    }
-    Ok(hasher.finalize())
-}
-
-/// Blocks of zeros this long are restored as holes (a file system block).
-const SPARSE_BLOCK: usize = 4096;
-
-/// Writes `data` at the file's position, seeking over the blocks that are all zeros so
-/// that the file system leaves holes there. Returns whether the file now ends in a hole
-/// (`in_hole`: whether it did before), which only `set_len` can make part of the file.
-fn write_sparse(file: &mut File, data: &[u8], mut in_hole: bool) -> io::Result<bool> {
-    let mut start = 0;
-    while start < data.len() {
-        let block = |at: usize| &data[at..(at + SPARSE_BLOCK).min(data.len())];
-        let zero = is_zeros(block(start));
-        let mut end = start + block(start).len();
-        while end < data.len() && is_zeros(block(end)) == zero {
-            end += block(end).len();
-        }
-        if zero {
-            file.seek(io::SeekFrom::Current((end - start) as i64))?;
-        } else {
-            file.write_all(&data[start..end])?;
-        }
-        in_hole = zero;
-        start = end;
-    }
-    Ok(in_hole)
-}
-
-/// Whether `data` is all zero bytes. Folding fixed-size blocks lets the compiler
-/// vectorize; a byte-by-byte `all` with its early exit does not.
-fn is_zeros(data: &[u8]) -> bool {
-    let mut blocks = data.chunks_exact(64);
-    blocks.all(|b| b.iter().fold(0u8, |acc, &x| acc | x) == 0)
-        && blocks.remainder().iter().all(|&x| x == 0)
-}
 
 /// Creates the target if needed; returns whether it was there and not empty.
 fn prepare_target(target: &Path, may_overwrite: bool) -> Result<bool> {
@@ -347,13 +231,16 @@ struct Restorer<'a> {
     links: HashMap<(u64, u64), PathBuf>,
     /// Directories above the current entry that only the filter's search entered.
     pending: Vec<PendingDir>,
-    /// Files for the writer threads; `None` once the walk is over.
-    jobs: Option<crossbeam_channel::Sender<FileJob>>,
+    /// Batches of files for the writer threads; `None` once the walk is over.
+    jobs: Option<crossbeam_channel::Sender<Vec<FileJob>>>,
+    /// The batch being gathered, and how many parts its files have.
+    batch: Vec<FileJob>,
+    batch_parts: usize,
     done: crossbeam_channel::Receiver<FileDone>,
     /// Restored directories in the order they were created, for their metadata at the end.
     dirs: Vec<(PathBuf, Node)>,
-    /// Temporary files the writer threads are filling.
-    in_flight: HashSet<PathBuf>,
+    /// Temporary files the writer threads are filling, and the paths they will take.
+    in_flight: HashMap<PathBuf, PathBuf>,
 }
 
 impl Restorer<'_> {
@@ -374,6 +261,23 @@ impl Restorer<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Hands the gathered files to the writer threads.
+    fn send_batch(&mut self) {
+        let batch = std::mem::take(&mut self.batch);
+        self.batch_parts = 0;
+        if batch.is_empty() {
+            return;
+        }
+        let unsent = match &self.jobs {
+            Some(jobs) => jobs.send(batch).err().map(|e| e.0),
+            None => Some(batch),
+        };
+        for job in unsent.into_iter().flatten() {
+            self.in_flight.remove(&job.tmp);
+            self.problem(&job.path, &"not restored: the writer threads stopped");
+        }
     }
 
     /// Counts the files the writers finished and reports the ones they could not write.
@@ -482,7 +386,7 @@ impl Restorer<'_> {
                 continue;
             };
             // A writer thread may still be filling one of this run's own.
-            if is_temp_name(name) && md.is_file() && !self.in_flight.contains(&path) {
+            if is_temp_name(name) && md.is_file() && !self.in_flight.contains_key(&path) {
                 match fs::remove_file(&path) {
                     Ok(()) => self.stats.temp_files_removed += 1,
                     Err(e) => self.problem(&path, &format!("temporary file not removed: {e}")),
@@ -816,22 +720,20 @@ impl Restorer<'_> {
             path: path.to_path_buf(),
         };
         self.collect_done();
-        // A file with hard links is written here, so that its links can be made at once.
-        let job = match &self.jobs {
-            Some(jobs) if node.links <= 1 => {
-                let tmp = job.tmp.clone();
-                match jobs.send(job) {
-                    Ok(()) => {
-                        self.in_flight.insert(tmp);
-                        return Ok(false);
-                    }
-                    Err(crossbeam_channel::SendError(job)) => job,
-                }
+        if node.links <= 1 {
+            self.in_flight.insert(job.tmp.clone(), job.path.clone());
+            self.batch_parts += match &node.kind {
+                NodeKind::File { content, .. } => content.len().max(1),
+                _ => 1,
+            };
+            self.batch.push(job);
+            if self.batch_parts >= restore_packs::BATCH_PARTS {
+                self.send_batch();
             }
-            _ => job,
-        };
-        let outcome = place_file(self.repo, self.opts, self.monitor, node, &job.tmp, path);
-        let verified = outcome?;
+            return Ok(false);
+        }
+        // A file with hard links is written here, so that its links can be made at once.
+        let verified = restore_packs::place_alone(self.repo, self.opts, self.monitor, &job)?;
         if node.links > 1 {
             self.links
                 .insert((node.device, node.inode), path.to_path_buf());
@@ -843,23 +745,4 @@ impl Restorer<'_> {
         // Metadata was applied to the temporary file before the rename.
         Ok(false)
     }
-}
-
-fn verify(path: &Path, expected: &blake3::Hash) -> io::Result<()> {
-    let mut file = File::open(path)?;
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    if hasher.finalize() != *expected {
-        return Err(io::Error::other(
-            "the file on disk differs from what was written",
-        ));
-    }
-    Ok(())
 }

@@ -1,0 +1,682 @@
+//! Filling a restore's files in pack order. The walk (`ops::restore`) hands over files in
+//! batches; each batch is planned as a list of packs, in the order the batch first needs
+//! them, each with the blobs it needs in offset order. Threads take the packs one at a
+//! time, read each pack's needed blobs with as few reads as neighbours allow, decrypt,
+//! decompress and verify each blob once, and write it into every file of the batch that
+//! holds it. A file is finished (metadata, verification, rename into place) by the thread
+//! that writes its last part.
+//!
+//! So a pack is read once per batch, front to back, however many files share its blobs,
+//! and a remote store gets one request for many neighbouring blobs. The plan costs about
+//! a hundred bytes per part of a file, and a batch holds at most [`BATCH_PARTS`] parts,
+//! so memory does not grow with the snapshot.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::error::chain;
+use crate::id::{BlobId, PackId};
+use crate::index::BlobLocation;
+use crate::monitor::Monitor;
+use crate::ops::restore::RestoreOptions;
+use crate::repo::Repository;
+use crate::tree::{ContentRef, Node, NodeKind};
+
+/// A file to write under a temporary name and rename into place.
+pub(crate) struct FileJob {
+    pub node: Node,
+    pub tmp: PathBuf,
+    pub path: PathBuf,
+}
+
+/// A finished file: whether it was verified, or why it was not restored.
+pub(crate) struct FileDone {
+    pub job: FileJob,
+    pub outcome: Result<bool, String>,
+}
+
+/// Parts of files (references into blobs) in one batch. The plan holds each part in about
+/// a hundred bytes, with its file: a batch's plan stays under 10 MiB.
+pub(crate) const BATCH_PARTS: usize = 65_536;
+
+/// Files kept open between the writes of their parts (files of one part are closed at
+/// once); others are opened again for each part.
+const OPEN_FILES: usize = 256;
+
+/// Blobs of a pack closer than this are read with one request, the bytes between them
+/// read and dropped: cheaper than another request to an object store.
+fn max_gap(remote: bool) -> u64 {
+    if remote {
+        1 << 20
+    } else {
+        64 << 10
+    }
+}
+
+/// Longest single read from a pack: the bound on what each thread holds.
+const MAX_READ: u64 = 4 << 20;
+
+/// What the writers read from the repository's packs.
+#[derive(Debug, Default)]
+pub(crate) struct PackReads {
+    /// Packs read (a pack that two batches need counts twice).
+    pub packs: u64,
+    /// Bytes read from packs, for all blobs read.
+    pub bytes: u64,
+}
+
+/// Writes every file of every batch that arrives on `batches` with `threads` threads,
+/// reporting each on `done`.
+pub(crate) fn fill(
+    repo: &Repository,
+    opts: &RestoreOptions,
+    monitor: &dyn Monitor,
+    threads: usize,
+    batches: Receiver<Vec<FileJob>>,
+    done: &Sender<FileDone>,
+) -> PackReads {
+    let mut reads = PackReads::default();
+    for batch in batches {
+        let plan = Plan::new(repo, batch);
+        let batch = Batch {
+            repo,
+            opts,
+            monitor,
+            done,
+            files: plan.files,
+            next: AtomicUsize::new(0),
+            open_files: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            bytes_read: AtomicU64::new(0),
+        };
+        // Files whose blobs are all missing from the index, and empty files, have no
+        // part to wait for.
+        for i in 0..batch.files.len() {
+            if batch.files[i].remaining.load(Ordering::Relaxed) == 0 {
+                batch.finish(i);
+            }
+        }
+        std::thread::scope(|s| {
+            for _ in 0..threads.min(plan.packs.len()) {
+                s.spawn(|| batch.work(&plan.packs));
+            }
+        });
+        // Parts not written (an interrupted restore) leave their files unfinished.
+        for i in 0..batch.files.len() {
+            if batch.files[i].remaining.swap(0, Ordering::AcqRel) > 0 {
+                batch.fail(i, "interrupted".into());
+                batch.finish(i);
+            }
+        }
+        reads.packs += batch.next.load(Ordering::Relaxed).min(plan.packs.len()) as u64;
+        reads.bytes += batch.bytes_read.load(Ordering::Relaxed);
+    }
+    reads
+}
+
+/// Where one blob goes: `len` bytes from `from` in the blob to `at` in file `file`.
+struct Target {
+    file: u32,
+    from: u32,
+    len: u32,
+    at: u64,
+}
+
+struct BlobPlan {
+    id: BlobId,
+    loc: BlobLocation,
+    targets: Vec<Target>,
+}
+
+struct PackPlan {
+    pack: PackId,
+    /// In offset order.
+    blobs: Vec<BlobPlan>,
+}
+
+struct Plan {
+    files: Vec<FileState>,
+    /// In the order the batch's files first need them.
+    packs: Vec<PackPlan>,
+}
+
+impl Plan {
+    fn new(repo: &Repository, jobs: Vec<FileJob>) -> Plan {
+        let mut packs: Vec<PackPlan> = Vec::new();
+        let mut pack_of: HashMap<PackId, usize> = HashMap::new();
+        let mut blob_of: HashMap<BlobId, (usize, usize)> = HashMap::new();
+        let mut files = Vec::with_capacity(jobs.len());
+        for (i, job) in jobs.into_iter().enumerate() {
+            let (mut at, mut parts, mut error) = (0u64, 0usize, None);
+            for part in content(&job.node) {
+                let target = Target {
+                    file: i as u32,
+                    from: part.offset,
+                    len: part.len,
+                    at,
+                };
+                at += u64::from(part.len);
+                let (p, b) = match blob_of.get(&part.blob) {
+                    Some(&pb) => pb,
+                    None => {
+                        let Some(loc) = repo.index().get(&part.blob) else {
+                            error.get_or_insert_with(|| {
+                                not_restored(&crate::error::Error::BlobNotInIndex { id: part.blob })
+                            });
+                            continue;
+                        };
+                        let p = *pack_of.entry(loc.pack).or_insert_with(|| {
+                            packs.push(PackPlan {
+                                pack: loc.pack,
+                                blobs: Vec::new(),
+                            });
+                            packs.len() - 1
+                        });
+                        packs[p].blobs.push(BlobPlan {
+                            id: part.blob,
+                            loc,
+                            targets: Vec::new(),
+                        });
+                        let pb = (p, packs[p].blobs.len() - 1);
+                        blob_of.insert(part.blob, pb);
+                        pb
+                    }
+                };
+                packs[p].blobs[b].targets.push(target);
+                parts += 1;
+            }
+            files.push(FileState {
+                job,
+                remaining: AtomicUsize::new(parts),
+                slot: Mutex::new(Slot {
+                    error,
+                    ..Slot::default()
+                }),
+            });
+        }
+        for pack in &mut packs {
+            pack.blobs.sort_unstable_by_key(|b| b.loc.offset);
+        }
+        Plan { files, packs }
+    }
+}
+
+fn content(node: &Node) -> &[ContentRef] {
+    match &node.kind {
+        NodeKind::File { content, .. } => content,
+        _ => &[],
+    }
+}
+
+fn not_restored(e: &crate::error::Error) -> String {
+    format!("not restored, {}", chain(e))
+}
+
+/// A file of the batch as its parts arrive.
+struct FileState {
+    job: FileJob,
+    /// Parts not yet written; the thread that writes the last one finishes the file.
+    remaining: AtomicUsize,
+    slot: Mutex<Slot>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The temporary file, while open.
+    file: Option<File>,
+    created: bool,
+    /// The first failure; later parts are not written.
+    error: Option<String>,
+    /// What was written, for `verify` (see [`part_digest`]).
+    digest: [u8; 32],
+}
+
+impl FileState {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        // A panicking writer left the slot as consistent as a failed write would.
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Batch<'a> {
+    repo: &'a Repository,
+    opts: &'a RestoreOptions,
+    monitor: &'a dyn Monitor,
+    done: &'a Sender<FileDone>,
+    files: Vec<FileState>,
+    /// The next pack of the plan to take.
+    next: AtomicUsize,
+    open_files: AtomicUsize,
+    /// Set when the restore is cancelled or the main thread is gone.
+    stop: AtomicBool,
+    bytes_read: AtomicU64,
+}
+
+impl Batch<'_> {
+    /// Takes packs until none is left, writing their blobs.
+    fn work(&self, packs: &[PackPlan]) {
+        let remote = self.repo.storage().is_remote();
+        loop {
+            if self.monitor.cancelled() {
+                self.stop.store(true, Ordering::Relaxed);
+            }
+            if self.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let Some(pack) = packs.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
+                return;
+            };
+            for run in runs(&pack.blobs, max_gap(remote)) {
+                self.read_run(pack.pack, run);
+            }
+        }
+    }
+
+    /// Reads blobs that lie close together in one pack with one request, and writes each.
+    fn read_run(&self, pack: PackId, blobs: &[BlobPlan]) {
+        let (Some(first), Some(last)) = (blobs.first(), blobs.last()) else {
+            return;
+        };
+        let start = u64::from(first.loc.offset);
+        let end = u64::from(last.loc.offset) + u64::from(last.loc.length);
+        let bytes = match self
+            .repo
+            .storage()
+            .read_range(&pack.storage_name(), start, end - start)
+        {
+            Ok(bytes) => {
+                self.bytes_read
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                bytes
+            }
+            Err(e) => {
+                let e = crate::error::Error::from(e);
+                for blob in blobs {
+                    self.write_blob(blob, Err(not_restored(&e)));
+                }
+                return;
+            }
+        };
+        for blob in blobs {
+            let at = (u64::from(blob.loc.offset) - start) as usize;
+            let sealed = &bytes[at..at + blob.loc.length as usize];
+            let plain = self
+                .repo
+                .open_blob(&blob.id, &blob.loc, sealed)
+                .map_err(|e| not_restored(&e));
+            self.write_blob(blob, plain);
+        }
+    }
+
+    /// Writes a blob's plaintext (or its failure) to every place the batch needs it.
+    fn write_blob(&self, blob: &BlobPlan, plain: Result<Vec<u8>, String>) {
+        for t in &blob.targets {
+            let file = t.file as usize;
+            let data = match &plain {
+                Ok(plain) => plain
+                    .get(t.from as usize..(t.from as usize + t.len as usize))
+                    .ok_or_else(|| format!("content reference outside blob {}", blob.id)),
+                Err(e) => Err(e.clone()),
+            };
+            if let Err(e) = data.and_then(|data| self.write_part(file, t.at, data)) {
+                self.fail(file, e);
+            }
+            // Counted down only once written: the thread that writes the last part
+            // finishes the file.
+            if self.files[file].remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+                self.finish(file);
+            }
+        }
+    }
+
+    fn write_part(&self, i: usize, at: u64, data: &[u8]) -> Result<(), String> {
+        let state = &self.files[i];
+        let mut slot = state.lock();
+        if slot.error.is_some() {
+            return Ok(());
+        }
+        if slot.file.is_none() {
+            let mut options = OpenOptions::new();
+            options.write(true).custom_flags(libc::O_NOFOLLOW);
+            if slot.created {
+                options.truncate(false);
+            } else {
+                options.create_new(true).mode(0o600);
+            }
+            let file = options
+                .open(&state.job.tmp)
+                .map_err(|e| format!("cannot create {}: {e}", state.job.tmp.display()))?;
+            slot.created = true;
+            slot.file = Some(file);
+            self.open_files.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(file) = slot.file.as_ref() else {
+            unreachable!("opened above")
+        };
+        write_sparse_at(file, data, at).map_err(|e| e.to_string())?;
+        xor_into(&mut slot.digest, &part_digest(at, data));
+        self.monitor.bytes_done(data.len() as u64);
+        // Keep it open for its next part only while few files are (and it has one).
+        let last = state.remaining.load(Ordering::Relaxed) <= 1;
+        if last || self.open_files.load(Ordering::Relaxed) > OPEN_FILES {
+            slot.file = None;
+            self.open_files.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Records the first failure of file `i`.
+    fn fail(&self, i: usize, error: String) {
+        self.files[i].lock().error.get_or_insert(error);
+    }
+
+    /// Completes file `i` (all its parts are written or failed) and reports it.
+    fn finish(&self, i: usize) {
+        let state = &self.files[i];
+        let (file, error, digest) = {
+            let mut slot = state.lock();
+            let file = slot.file.take();
+            if file.is_some() {
+                self.open_files.fetch_sub(1, Ordering::Relaxed);
+            }
+            (file, slot.error.take(), slot.digest)
+        };
+        let job = &state.job;
+        let outcome = match error {
+            Some(e) => {
+                drop(file);
+                let _ = std::fs::remove_file(&job.tmp);
+                Err(e)
+            }
+            None => complete(file, job, self.opts, &digest),
+        };
+        let done = FileDone {
+            job: FileJob {
+                node: job.node.clone(),
+                tmp: job.tmp.clone(),
+                path: job.path.clone(),
+            },
+            outcome,
+        };
+        if self.done.send(done).is_err() {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Writes one file alone, its parts in order: a file with hard links, whose other links
+/// the walk makes as soon as it is in place.
+pub(crate) fn place_alone(
+    repo: &Repository,
+    opts: &RestoreOptions,
+    monitor: &dyn Monitor,
+    job: &FileJob,
+) -> Result<bool, String> {
+    let written = (|| {
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&job.tmp)
+            .map_err(|e| format!("cannot create {}: {e}", job.tmp.display()))?;
+        let (mut digest, mut at) = ([0u8; 32], 0u64);
+        for part in content(&job.node) {
+            if monitor.cancelled() {
+                return Err("interrupted".to_string());
+            }
+            let blob = repo
+                .read_blob_shared(&part.blob)
+                .map_err(|e| not_restored(&e))?;
+            let data = blob
+                .get(part.offset as usize..(part.offset + part.len) as usize)
+                .ok_or_else(|| format!("content reference outside blob {}", part.blob))?;
+            write_sparse_at(&file, data, at).map_err(|e| e.to_string())?;
+            xor_into(&mut digest, &part_digest(at, data));
+            at += u64::from(part.len);
+            monitor.bytes_done(data.len() as u64);
+        }
+        Ok((file, digest))
+    })();
+    match written {
+        Ok((file, digest)) => complete(Some(file), job, opts, &digest),
+        Err(e) => {
+            let _ = std::fs::remove_file(&job.tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Finishes a written temporary file: length (a trailing hole), metadata, verification
+/// against `digest`, and the rename into place. On failure the temporary file is removed.
+pub(crate) fn complete(
+    file: Option<File>,
+    job: &FileJob,
+    opts: &RestoreOptions,
+    digest: &[u8; 32],
+) -> Result<bool, String> {
+    let result = (|| {
+        let NodeKind::File { size, .. } = &job.node.kind else {
+            return Err("not a regular file".to_string());
+        };
+        let file = match file {
+            Some(file) => file,
+            None => OpenOptions::new()
+                .write(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&job.tmp)
+                .map_err(|e| format!("cannot create {}: {e}", job.tmp.display()))?,
+        };
+        let written: u64 = content(&job.node).iter().map(|c| u64::from(c.len)).sum();
+        if written != *size {
+            return Err(format!(
+                "snapshot says {} has {size} bytes but its chunks hold {written}",
+                job.path.display()
+            ));
+        }
+        // Zero blocks were skipped: a file that ends in one needs its length set.
+        if file.metadata().map_err(|e| e.to_string())?.len() != *size {
+            file.set_len(*size).map_err(|e| e.to_string())?;
+        }
+        crate::fsmeta::apply_to_file(&file, &job.node, opts.owners)
+            .map_err(|e| format!("metadata not restored: {e}"))?;
+        drop(file);
+        if opts.verify {
+            verify(&job.tmp, content(&job.node), digest)
+                .map_err(|e| format!("verification failed: {e}"))?;
+        }
+        // Only now, with the new file complete, is an existing one replaced: rename
+        // replaces a file or symlink atomically; a directory must go first.
+        if let Ok(md) = std::fs::symlink_metadata(&job.path) {
+            if md.is_dir() {
+                std::fs::remove_dir_all(&job.path).map_err(|e| e.to_string())?;
+            }
+        }
+        std::fs::rename(&job.tmp, &job.path).map_err(|e| e.to_string())?;
+        Ok(opts.verify)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&job.tmp);
+    }
+    result
+}
+
+/// Consecutive blobs of a pack (in offset order) that one read should fetch: gaps of at
+/// most `gap` bytes, at most [`MAX_READ`] bytes in all (a larger blob is read alone).
+fn runs(blobs: &[BlobPlan], gap: u64) -> impl Iterator<Item = &[BlobPlan]> {
+    let mut rest = blobs;
+    std::iter::from_fn(move || {
+        let first = rest.first()?;
+        let start = u64::from(first.loc.offset);
+        let mut end = start + u64::from(first.loc.length);
+        let mut n = 1;
+        while let Some(next) = rest.get(n) {
+            let (offset, next_end) = (
+                u64::from(next.loc.offset),
+                u64::from(next.loc.offset) + u64::from(next.loc.length),
+            );
+            if offset > end + gap || next_end - start > MAX_READ {
+                break;
+            }
+            end = end.max(next_end);
+            n += 1;
+        }
+        let (run, tail) = rest.split_at(n);
+        rest = tail;
+        Some(run)
+    })
+}
+
+/// Blocks of zeros this long are restored as holes (a file system block).
+const SPARSE_BLOCK: usize = 4096;
+
+/// Writes `data` at `at`, leaving out the blocks that are all zeros so that the file
+/// system leaves holes there (the file is created empty; `complete` sets its length).
+pub(crate) fn write_sparse_at(file: &File, data: &[u8], at: u64) -> io::Result<()> {
+    let mut start = 0;
+    while start < data.len() {
+        let block = |from: usize| &data[from..(from + SPARSE_BLOCK).min(data.len())];
+        let zero = is_zeros(block(start));
+        let mut end = start + block(start).len();
+        while end < data.len() && is_zeros(block(end)) == zero {
+            end += block(end).len();
+        }
+        if !zero {
+            file.write_all_at(&data[start..end], at + start as u64)?;
+        }
+        start = end;
+    }
+    Ok(())
+}
+
+/// Whether `data` is all zero bytes. Folding fixed-size blocks lets the compiler
+/// vectorize; a byte-by-byte `all` with its early exit does not.
+fn is_zeros(data: &[u8]) -> bool {
+    let mut blocks = data.chunks_exact(64);
+    blocks.all(|b| b.iter().fold(0u8, |acc, &x| acc | x) == 0)
+        && blocks.remainder().iter().all(|&x| x == 0)
+}
+
+/// A digest of one part of a file: its position and bytes. The parts of a file arrive in
+/// any order; XOR of their digests (see [`xor_into`]) describes the whole file whatever
+/// the order, and `verify` computes the same from the file on disk.
+pub(crate) fn part_digest(at: u64, data: &[u8]) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    h.update(&at.to_le_bytes());
+    h.update(data);
+    *h.finalize().as_bytes()
+}
+
+pub(crate) fn xor_into(acc: &mut [u8; 32], digest: &[u8; 32]) {
+    for (a, d) in acc.iter_mut().zip(digest) {
+        *a ^= d;
+    }
+}
+
+/// Re-reads the file at `path` part by part and checks it against `expected`, the digest
+/// of what was written.
+fn verify(path: &Path, content: &[ContentRef], expected: &[u8; 32]) -> io::Result<()> {
+    let file = File::open(path)?;
+    let mut digest = [0u8; 32];
+    let mut buf = Vec::new();
+    let mut at = 0u64;
+    for part in content {
+        buf.resize(part.len as usize, 0);
+        file.read_exact_at(&mut buf, at)?;
+        xor_into(&mut digest, &part_digest(at, &buf));
+        at += u64::from(part.len);
+    }
+    let mut extra = [0u8; 1];
+    if digest != *expected || file.read_at(&mut extra, at)? != 0 {
+        return Err(io::Error::other(
+            "the file on disk differs from what was written",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blob(offset: u32, length: u32) -> BlobPlan {
+        BlobPlan {
+            id: BlobId([offset as u8; 32]),
+            loc: BlobLocation {
+                pack: PackId([0; 32]),
+                kind: crate::pack::BlobKind::Data,
+                offset,
+                length,
+                raw_length: length,
+            },
+            targets: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn neighbouring_blobs_are_read_together_up_to_the_limits() {
+        let blobs = [
+            blob(0, 100),
+            blob(100, 100),
+            // A gap of 1,000 bytes: within 64 KiB.
+            blob(1_200, 100),
+            // A gap of 100 KiB: a new read.
+            blob(103_700, 100),
+            // Would make the read longer than MAX_READ.
+            blob(103_800, MAX_READ as u32),
+        ];
+        let lens: Vec<usize> = runs(&blobs, 64 << 10).map(<[BlobPlan]>::len).collect();
+        assert_eq!(lens, [3, 1, 1]);
+        let lens: Vec<usize> = runs(&blobs, 1 << 20).map(<[BlobPlan]>::len).collect();
+        assert_eq!(lens, [4, 1]);
+        assert_eq!(runs(&[], 0).count(), 0);
+    }
+
+    #[test]
+    fn the_digest_of_a_file_does_not_depend_on_the_order_of_its_parts() {
+        let (a, b) = (part_digest(0, b"hello "), part_digest(6, b"world"));
+        let (mut one, mut two) = ([0u8; 32], [0u8; 32]);
+        xor_into(&mut one, &a);
+        xor_into(&mut one, &b);
+        xor_into(&mut two, &b);
+        xor_into(&mut two, &a);
+        assert_eq!(one, two);
+        // The same bytes elsewhere are another file.
+        let mut moved = [0u8; 32];
+        xor_into(&mut moved, &part_digest(0, b"world"));
+        xor_into(&mut moved, &part_digest(5, b"hello "));
+        assert_ne!(one, moved);
+    }
+
+    #[test]
+    fn zero_blocks_are_left_as_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .unwrap();
+        let mut data = vec![0u8; 3 * SPARSE_BLOCK];
+        data[SPARSE_BLOCK + 7] = 1;
+        write_sparse_at(&file, &data, 8192).unwrap();
+        // The last block was zeros and not written: the file ends at the second block.
+        assert_eq!(
+            file.metadata().unwrap().len(),
+            8192 + 2 * SPARSE_BLOCK as u64
+        );
+        let mut back = vec![9u8; 2 * SPARSE_BLOCK];
+        file.read_exact_at(&mut back, 8192).unwrap();
+        assert_eq!(back, data[..2 * SPARSE_BLOCK]);
+    }
+}
