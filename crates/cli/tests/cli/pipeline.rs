@@ -211,7 +211,10 @@ fn a_restore_reads_each_pack_it_needs_once() {
     let report = parse_json(&out.stdout, "cairn restore --json");
     // Each pack once and each blob once, though every blob is restored twice.
     assert!(json_u64(&report, "packs_read") < packs, "{report} {stats}");
-    assert!(json_u64(&report, "bytes_read") < pack_bytes, "{report} {stats}");
+    assert!(
+        json_u64(&report, "bytes_read") < pack_bytes,
+        "{report} {stats}"
+    );
     assert_eq!(
         json_u64(&report, "bytes_restored"),
         2 * 24 * (300 << 10),

@@ -296,11 +296,17 @@ impl Batch<'_> {
                     .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 bytes
             }
+            // A pack cut short or damaged in one place still holds other blobs whole:
+            // read them one at a time, and each fails or not on its own.
+            Err(_) if blobs.len() > 1 => {
+                for blob in blobs {
+                    self.read_run(pack, std::slice::from_ref(blob));
+                }
+                return;
+            }
             Err(e) => {
                 let e = crate::error::Error::from(e);
-                for blob in blobs {
-                    self.write_blob(blob, Err(not_restored(&e)));
-                }
+                self.write_blob(first, Err(not_restored(&e)));
                 return;
             }
         };
