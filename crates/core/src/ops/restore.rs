@@ -136,6 +136,7 @@ pub fn restore(
         jobs: Some(batch_tx),
         batch: Vec::new(),
         batch_parts: 0,
+        batch_limit: restore_packs::FIRST_BATCH_PARTS,
         done: done_rx,
         dirs: Vec::new(),
         in_flight: HashMap::new(),
@@ -236,6 +237,8 @@ struct Restorer<'a> {
     /// The batch being gathered, and how many parts its files have.
     batch: Vec<FileJob>,
     batch_parts: usize,
+    /// Parts at which the batch is sent.
+    batch_limit: usize,
     done: crossbeam_channel::Receiver<FileDone>,
     /// Restored directories in the order they were created, for their metadata at the end.
     dirs: Vec<(PathBuf, Node)>,
@@ -282,20 +285,22 @@ impl Restorer<'_> {
 
     /// Counts the files the writers finished and reports the ones they could not write.
     fn collect_done(&mut self) {
-        while let Ok(FileDone { job, outcome }) = self.done.try_recv() {
-            self.in_flight.remove(&job.tmp);
+        while let Ok(FileDone {
+            tmp,
+            path,
+            size,
+            outcome,
+        }) = self.done.try_recv()
+        {
+            self.in_flight.remove(&tmp);
             match outcome {
                 Ok(verified) => {
-                    let size = match job.node.kind {
-                        NodeKind::File { size, .. } => size,
-                        _ => 0,
-                    };
                     self.stats.files_restored += 1;
                     self.stats.bytes_restored += size;
                     self.stats.files_verified += u64::from(verified);
-                    self.monitor.file_done(&job.path, size);
+                    self.monitor.file_done(&path, size);
                 }
-                Err(e) => self.problem(&job.path, &e),
+                Err(e) => self.problem(&path, &e),
             }
         }
     }
@@ -727,7 +732,9 @@ impl Restorer<'_> {
                 _ => 1,
             };
             self.batch.push(job);
-            if self.batch_parts >= restore_packs::BATCH_PARTS {
+            if self.batch_parts >= self.batch_limit {
+                // Small batches first, so that writing starts as the walk does.
+                self.batch_limit = (self.batch_limit * 2).min(restore_packs::BATCH_PARTS);
                 self.send_batch();
             }
             return Ok(false);

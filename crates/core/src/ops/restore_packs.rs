@@ -38,13 +38,19 @@ pub(crate) struct FileJob {
 
 /// A finished file: whether it was verified, or why it was not restored.
 pub(crate) struct FileDone {
-    pub job: FileJob,
+    pub tmp: PathBuf,
+    pub path: PathBuf,
+    pub size: u64,
     pub outcome: Result<bool, String>,
 }
 
 /// Parts of files (references into blobs) in one batch. The plan holds each part in about
 /// a hundred bytes, with its file: a batch's plan stays under 10 MiB.
 pub(crate) const BATCH_PARTS: usize = 65_536;
+
+/// Parts in the first batch; each next batch doubles up to [`BATCH_PARTS`]. The first
+/// files are written while the walk goes on, and later batches share few packs.
+pub(crate) const FIRST_BATCH_PARTS: usize = 1024;
 
 /// Files kept open between the writes of their parts (files of one part are closed at
 /// once); others are opened again for each part.
@@ -60,8 +66,15 @@ fn max_gap(remote: bool) -> u64 {
     }
 }
 
-/// Longest single read from a pack: the bound on what each thread holds.
-const MAX_READ: u64 = 4 << 20;
+/// Longest single read from a pack: the bound on what each thread holds. A local read
+/// costs no round trip, and the kernel reads ahead in a file read front to back.
+fn max_read(remote: bool) -> u64 {
+    if remote {
+        4 << 20
+    } else {
+        1 << 20
+    }
+}
 
 /// What the writers read from the repository's packs.
 #[derive(Debug, Default)]
@@ -103,9 +116,17 @@ pub(crate) fn fill(
                 batch.finish(i);
             }
         }
+        // The reads in pack order; threads take them in turn, so that the small files
+        // of one pack are written on every core.
+        let remote = repo.storage().is_remote();
+        let planned: Vec<(PackId, &[BlobPlan])> = plan
+            .packs
+            .iter()
+            .flat_map(|p| runs(&p.blobs, max_gap(remote), max_read(remote)).map(|r| (p.pack, r)))
+            .collect();
         std::thread::scope(|s| {
-            for _ in 0..threads.min(plan.packs.len()) {
-                s.spawn(|| batch.work(&plan.packs));
+            for _ in 0..threads.min(planned.len()) {
+                s.spawn(|| batch.work(&planned));
             }
         });
         // Parts not written (an interrupted restore) leave their files unfinished.
@@ -115,7 +136,7 @@ pub(crate) fn fill(
                 batch.finish(i);
             }
         }
-        reads.packs += batch.next.load(Ordering::Relaxed).min(plan.packs.len()) as u64;
+        reads.packs += plan.packs.len() as u64;
         reads.bytes += batch.bytes_read.load(Ordering::Relaxed);
     }
     reads
@@ -251,7 +272,7 @@ struct Batch<'a> {
     monitor: &'a dyn Monitor,
     done: &'a Sender<FileDone>,
     files: Vec<FileState>,
-    /// The next pack of the plan to take.
+    /// The next read of the plan to take.
     next: AtomicUsize,
     open_files: AtomicUsize,
     /// Set when the restore is cancelled or the main thread is gone.
@@ -260,9 +281,8 @@ struct Batch<'a> {
 }
 
 impl Batch<'_> {
-    /// Takes packs until none is left, writing their blobs.
-    fn work(&self, packs: &[PackPlan]) {
-        let remote = self.repo.storage().is_remote();
+    /// Takes reads until none is left, writing their blobs.
+    fn work(&self, reads: &[(PackId, &[BlobPlan])]) {
         loop {
             if self.monitor.cancelled() {
                 self.stop.store(true, Ordering::Relaxed);
@@ -270,12 +290,10 @@ impl Batch<'_> {
             if self.stop.load(Ordering::Relaxed) {
                 return;
             }
-            let Some(pack) = packs.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
+            let Some((pack, blobs)) = reads.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
                 return;
             };
-            for run in runs(&pack.blobs, max_gap(remote)) {
-                self.read_run(pack.pack, run);
-            }
+            self.read_run(*pack, blobs);
         }
     }
 
@@ -404,11 +422,9 @@ impl Batch<'_> {
             None => complete(file, job, self.opts, &digest),
         };
         let done = FileDone {
-            job: FileJob {
-                node: job.node.clone(),
-                tmp: job.tmp.clone(),
-                path: job.path.clone(),
-            },
+            tmp: job.tmp.clone(),
+            path: job.path.clone(),
+            size: content(&job.node).iter().map(|c| u64::from(c.len)).sum(),
             outcome,
         };
         if self.done.send(done).is_err() {
@@ -517,8 +533,8 @@ pub(crate) fn complete(
 }
 
 /// Consecutive blobs of a pack (in offset order) that one read should fetch: gaps of at
-/// most `gap` bytes, at most [`MAX_READ`] bytes in all (a larger blob is read alone).
-fn runs(blobs: &[BlobPlan], gap: u64) -> impl Iterator<Item = &[BlobPlan]> {
+/// most `gap` bytes, at most `max` bytes in all (a larger blob is read alone).
+fn runs(blobs: &[BlobPlan], gap: u64, max: u64) -> impl Iterator<Item = &[BlobPlan]> {
     let mut rest = blobs;
     std::iter::from_fn(move || {
         let first = rest.first()?;
@@ -530,7 +546,7 @@ fn runs(blobs: &[BlobPlan], gap: u64) -> impl Iterator<Item = &[BlobPlan]> {
                 u64::from(next.loc.offset),
                 u64::from(next.loc.offset) + u64::from(next.loc.length),
             );
-            if offset > end + gap || next_end - start > MAX_READ {
+            if offset > end + gap || next_end - start > max {
                 break;
             }
             end = end.max(next_end);
@@ -637,14 +653,18 @@ mod tests {
             blob(1_200, 100),
             // A gap of 100 KiB: a new read.
             blob(103_700, 100),
-            // Would make the read longer than MAX_READ.
-            blob(103_800, MAX_READ as u32),
+            // Would make the read longer than 4 MiB.
+            blob(103_800, 4 << 20),
         ];
-        let lens: Vec<usize> = runs(&blobs, 64 << 10).map(<[BlobPlan]>::len).collect();
+        let lens: Vec<usize> = runs(&blobs, 64 << 10, 4 << 20)
+            .map(<[BlobPlan]>::len)
+            .collect();
         assert_eq!(lens, [3, 1, 1]);
-        let lens: Vec<usize> = runs(&blobs, 1 << 20).map(<[BlobPlan]>::len).collect();
+        let lens: Vec<usize> = runs(&blobs, 1 << 20, 4 << 20)
+            .map(<[BlobPlan]>::len)
+            .collect();
         assert_eq!(lens, [4, 1]);
-        assert_eq!(runs(&[], 0).count(), 0);
+        assert_eq!(runs(&[], 0, 0).count(), 0);
     }
 
     #[test]
