@@ -368,16 +368,7 @@ impl Batch<'_> {
             return Ok(());
         }
         if slot.file.is_none() {
-            let mut options = OpenOptions::new();
-            options.write(true).custom_flags(libc::O_NOFOLLOW);
-            if slot.created {
-                options.truncate(false);
-            } else {
-                options.create_new(true).mode(0o600);
-            }
-            let file = options
-                .open(&state.job.tmp)
-                .map_err(|e| format!("cannot create {}: {e}", state.job.tmp.display()))?;
+            let file = open_tmp(&state.job.tmp, !slot.created)?;
             slot.created = true;
             slot.file = Some(file);
             self.open_files.fetch_add(1, Ordering::Relaxed);
@@ -391,9 +382,10 @@ impl Batch<'_> {
             xor_into(&mut slot.digest, &part_digest(at, data));
         }
         self.monitor.bytes_done(data.len() as u64);
-        // Keep it open for its next part only while few files are (and it has one).
+        // Open for the next part only while few files are; the last part's writer keeps
+        // it open to finish it.
         let last = state.remaining.load(Ordering::Relaxed) <= 1;
-        if last || self.open_files.load(Ordering::Relaxed) > OPEN_FILES {
+        if !last && self.open_files.load(Ordering::Relaxed) > OPEN_FILES {
             slot.file = None;
             self.open_files.fetch_sub(1, Ordering::Relaxed);
         }
@@ -408,13 +400,13 @@ impl Batch<'_> {
     /// Completes file `i` (all its parts are written or failed) and reports it.
     fn finish(&self, i: usize) {
         let state = &self.files[i];
-        let (file, error, digest) = {
+        let (file, created, error, digest) = {
             let mut slot = state.lock();
             let file = slot.file.take();
             if file.is_some() {
                 self.open_files.fetch_sub(1, Ordering::Relaxed);
             }
-            (file, slot.error.take(), slot.digest)
+            (file, slot.created, slot.error.take(), slot.digest)
         };
         let job = &state.job;
         let outcome = match error {
@@ -423,7 +415,11 @@ impl Batch<'_> {
                 let _ = std::fs::remove_file(&job.tmp);
                 Err(e)
             }
-            None => complete(file, job, self.opts, &digest),
+            // Closed after its last part to keep few files open, or never opened (empty).
+            None => match file.map_or_else(|| open_tmp(&job.tmp, !created), Ok) {
+                Ok(file) => complete(file, job, self.opts, &digest),
+                Err(e) => Err(e),
+            },
         };
         let done = FileDone {
             tmp: job.tmp.clone(),
@@ -446,13 +442,7 @@ pub(crate) fn place_alone(
     job: &FileJob,
 ) -> Result<bool, String> {
     let written = (|| {
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&job.tmp)
-            .map_err(|e| format!("cannot create {}: {e}", job.tmp.display()))?;
+        let file = open_tmp(&job.tmp, true)?;
         let (mut digest, mut at) = ([0u8; 32], 0u64);
         for part in content(&job.node) {
             if monitor.cancelled() {
@@ -474,7 +464,7 @@ pub(crate) fn place_alone(
         Ok((file, digest))
     })();
     match written {
-        Ok((file, digest)) => complete(Some(file), job, opts, &digest),
+        Ok((file, digest)) => complete(file, job, opts, &digest),
         Err(e) => {
             let _ = std::fs::remove_file(&job.tmp);
             Err(e)
@@ -484,8 +474,8 @@ pub(crate) fn place_alone(
 
 /// Finishes a written temporary file: length (a trailing hole), metadata, verification
 /// against `digest`, and the rename into place. On failure the temporary file is removed.
-pub(crate) fn complete(
-    file: Option<File>,
+fn complete(
+    file: File,
     job: &FileJob,
     opts: &RestoreOptions,
     digest: &[u8; 32],
@@ -493,16 +483,6 @@ pub(crate) fn complete(
     let result = (|| {
         let NodeKind::File { size, .. } = &job.node.kind else {
             return Err("not a regular file".to_string());
-        };
-        let file = match file {
-            Some(file) => file,
-            None => OpenOptions::new()
-                .write(true)
-                .create(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&job.tmp)
-                .map_err(|e| format!("cannot create {}: {e}", job.tmp.display()))?,
         };
         let written: u64 = content(&job.node).iter().map(|c| u64::from(c.len)).sum();
         if written != *size {
@@ -536,6 +516,20 @@ pub(crate) fn complete(
         let _ = std::fs::remove_file(&job.tmp);
     }
     result
+}
+
+/// Opens a temporary file for writing; `create`: it must not exist yet (never follows a
+/// symlink in either case).
+fn open_tmp(tmp: &Path, create: bool) -> Result<File, String> {
+    let mut options = OpenOptions::new();
+    options.write(true).custom_flags(libc::O_NOFOLLOW);
+    if create {
+        options.create_new(true).mode(0o600);
+    }
+    options.open(tmp).map_err(|e| {
+        let verb = if create { "create" } else { "open" };
+        format!("cannot {verb} {}: {e}", tmp.display())
+    })
 }
 
 /// Consecutive blobs of a pack (in offset order) that one read should fetch: gaps of at
