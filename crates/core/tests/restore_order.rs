@@ -47,7 +47,7 @@ fn files_whose_parts_arrive_out_of_order_and_all_at_once_are_restored_exactly() 
     // opened again between parts. The first part comes again at the end (deduplicated).
     const FILES: usize = 3000;
     let writer = repo.blob_writer();
-    let mut add = |bytes: &[u8]| ContentRef {
+    let add = |bytes: &[u8]| ContentRef {
         blob: writer.add(BlobKind::Data, bytes).unwrap().0,
         offset: 0,
         len: bytes.len() as u32,
