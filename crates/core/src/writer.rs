@@ -520,7 +520,7 @@ mod tests {
         assert_eq!(reopened.index().len(), 40);
         // A blob the repository has is not stored again, but can be copied (once).
         let writer = reopened.blob_writer();
-        assert_eq!(writer.add(BlobKind::Data, &blob(3)).unwrap().1, false);
+        assert!(!writer.add(BlobKind::Data, &blob(3)).unwrap().1);
         assert!(writer.add_copy(BlobKind::Data, &blob(3)).unwrap().1);
         assert!(!writer.add_copy(BlobKind::Data, &blob(3)).unwrap().1);
         assert_eq!(writer.finish().unwrap().stored.len(), 1);
