@@ -53,9 +53,9 @@ const PACKS_PER_INTERIM_INDEX: usize = 16;
 
 /// Blobs between interim index files, whatever the number of packs: the packs not yet
 /// indexed keep their entry lists in memory (48 bytes a blob), and writing an index file
-/// holds about four more copies of it (serialized, compressed, sealed). With the
-/// smallest chunks, 16 packs hold 900,000 blobs, which would make that 180 MB; this
-/// keeps it under 30 MB.
+/// holds about four more copies of them (serialized, compressed, framed, sealed: some 40
+/// bytes a blob each). With the smallest chunks 16 packs hold 900,000 blobs, about 180
+/// MB by that count; this cap makes it about 27 MB.
 const BLOBS_PER_INTERIM_INDEX: usize = 1 << 17;
 
 /// What a writer stored.
