@@ -270,6 +270,14 @@ impl Table {
 /// share of the index.
 const RECENT_SHARE: usize = 8;
 
+/// Entries [`Index::absorb`] moves at a time: 3 MiB, small beside the tables it moves
+/// them between, and few enough slices that merging each into the recent table is cheap.
+#[cfg(not(test))]
+const ABSORB_SLICE: usize = 1 << 16;
+/// Small, so that unit tests move many slices.
+#[cfg(test)]
+const ABSORB_SLICE: usize = 3;
+
 #[cfg(not(test))]
 const MIN_RECENT: usize = 1 << 16;
 /// Small, so that unit tests merge often.
@@ -294,6 +302,49 @@ impl Index {
         let number = self.packs.number(pack);
         let mut new: Vec<Entry> = entries.iter().map(|e| Entry::new(e, number)).collect();
         self.packs.sort_and_keep_preferred(&mut new);
+        self.insert(new);
+    }
+
+    /// Adds every blob `other` locates, each as [`add_pack`](Self::add_pack) would add
+    /// its location there; `other`'s condemned packs are condemned here too. Its entries
+    /// move over a slice at a time and its table shrinks as they go, so the two indexes
+    /// never hold a second copy of them: a backup that added millions of blobs hands
+    /// them to the repository's index this way.
+    pub fn absorb(&mut self, other: Index) {
+        let Index {
+            packs: theirs,
+            main,
+            recent,
+        } = other;
+        // Their pack numbers, as this index numbers the same packs.
+        let numbers: Vec<u32> = theirs
+            .ids
+            .iter()
+            .zip(&theirs.condemned)
+            .map(|(&id, &condemned)| {
+                let n = self.packs.number(id);
+                if condemned {
+                    self.packs.condemned[n as usize] = true;
+                }
+                n
+            })
+            .collect();
+        for mut entries in [recent.entries, main.entries] {
+            while !entries.is_empty() {
+                // The tail is sorted by id, each id once, as `insert` wants it.
+                let mut slice = entries.split_off(entries.len().saturating_sub(ABSORB_SLICE));
+                entries.shrink_to_fit();
+                for e in &mut slice {
+                    e.pack = numbers[e.pack_number() as usize] | (e.pack & TREE);
+                }
+                self.insert(slice);
+            }
+        }
+    }
+
+    /// Adds `new`, sorted by id with each id once: an id the index has keeps the
+    /// higher-ranked of its two locations, and the others go to the recent table.
+    fn insert(&mut self, mut new: Vec<Entry>) {
         let Index {
             packs,
             main,
@@ -657,6 +708,56 @@ mod tests {
             let more = pack_entries(9, &(0..30).map(|b| b * 2).collect::<Vec<_>>());
             index.add_pack(PackId([9; 32]), &more);
             model.add_pack(PackId([9; 32]), &more);
+            assert_same(&index, &model);
+        }
+    }
+
+    fn build(ops: &[Op]) -> (Index, Model) {
+        let mut index = Index::default();
+        let mut model = Model::default();
+        for op in ops {
+            match op {
+                Op::Condemn(p) => {
+                    index.condemn([PackId([*p; 32])]);
+                    model.condemn(PackId([*p; 32]));
+                }
+                Op::Add(p, blobs) => {
+                    let entries = pack_entries(*p, blobs);
+                    index.add_pack(PackId([*p; 32]), &entries);
+                    model.add_pack(PackId([*p; 32]), &entries);
+                }
+            }
+        }
+        (index, model)
+    }
+
+    proptest! {
+        #[test]
+        fn absorbing_an_index_adds_each_of_its_locations_as_add_pack_would(
+            ours in ops(),
+            theirs in ops(),
+        ) {
+            let (mut index, mut model) = build(&ours);
+            let (other, other_model) = build(&theirs);
+            // The packs `other` knows, in its order, with its condemnations; then each
+            // blob's location there, one at a time.
+            for pack in &other_model.order {
+                model.learn(*pack);
+                if other_model.condemned.contains(pack) {
+                    model.condemned.insert(*pack);
+                }
+            }
+            for (id, l) in &other_model.blobs {
+                let e = PackEntry {
+                    id: *id,
+                    kind: l.kind,
+                    offset: l.offset,
+                    length: l.length,
+                    raw_length: l.raw_length,
+                };
+                model.add_pack(l.pack, &[e]);
+            }
+            index.absorb(other);
             assert_same(&index, &model);
         }
     }

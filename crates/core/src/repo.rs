@@ -19,7 +19,7 @@ use crate::pack::{self, BlobKind, PackEntry};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
 use crate::window::{PackWindows, RecentBlobs, WINDOW};
-use crate::writer::BlobWriter;
+use crate::writer::{BlobWriter, WriterReport};
 
 /// Settings fixed when a repository is created.
 #[derive(Debug, Clone)]
@@ -262,6 +262,17 @@ impl Repository {
         for p in packs {
             self.index.add_pack(p.id, &p.entries);
         }
+    }
+
+    /// After [`BlobWriter::finish`]: writes an index file naming the writer's packs that
+    /// no interim index file names (they are durable), then adds every blob it stored to
+    /// the in-memory index.
+    pub fn index_written(&mut self, written: &mut WriterReport) -> Result<()> {
+        self.write_index(std::mem::take(&mut written.unindexed))?;
+        self.tree_packs = std::sync::OnceLock::new();
+        self.pack_ends = std::sync::OnceLock::new();
+        self.index.absorb(std::mem::take(&mut written.stored));
+        Ok(())
     }
 
     pub fn config(&self) -> &Config {

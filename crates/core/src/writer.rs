@@ -7,6 +7,14 @@
 //! ```
 //! Queues are bounded, so memory stays at a few chunks per thread plus one pack. `add`
 //! takes `&self`: backup's file workers share one writer.
+//!
+//! Memory per blob added: a writer must know every blob it stored, so that a blob met
+//! twice in one run is stored once. Blobs on their way (queued, sealing, or in a pack
+//! being filled) are in a hash set bounded by the queues and the pack size; once their
+//! pack is stored they move to an [`Index`] of this writer's packs, 48 bytes a blob,
+//! which the caller hands to the repository's index at the end
+//! ([`Repository::index_written`]). The stored packs' entry lists are kept only until an
+//! index file names them.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,7 +30,7 @@ use crate::compress::{self, Compression};
 use crate::crypto::MasterKey;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, PackId};
-use crate::index::{IndexFile, IndexedPack};
+use crate::index::{Index, IndexFile, IndexedPack};
 use crate::pack::{BlobKind, PackWriter};
 use crate::repo::Repository;
 
@@ -43,14 +51,24 @@ struct Sealed {
 /// the next one: at most this many packs (16 MiB each by default) are ever re-uploaded.
 const PACKS_PER_INTERIM_INDEX: usize = 16;
 
+/// Blobs between interim index files, whatever the number of packs: the packs not yet
+/// indexed keep their entry lists in memory (48 bytes a blob), and writing an index file
+/// holds about four more copies of them (serialized, compressed, framed, sealed: some 40
+/// bytes a blob each). With the smallest chunks 16 packs hold 900,000 blobs, about 180
+/// MB by that count; this cap makes it about 27 MB.
+const BLOBS_PER_INTERIM_INDEX: usize = 1 << 17;
+
 /// What a writer stored.
 #[derive(Debug, Default)]
 pub struct WriterReport {
-    /// Every pack written, in order.
-    pub packs: Vec<IndexedPack>,
-    /// How many of `packs` (from the start) interim index files already name; the caller
-    /// writes an index for the rest.
-    pub packs_indexed: usize,
+    /// Packs stored that no interim index file names yet, in order; the caller writes an
+    /// index for them.
+    pub unindexed: Vec<IndexedPack>,
+    /// Every blob this writer stored, where: the caller adds it to the repository's
+    /// index once `unindexed` is indexed ([`Repository::index_written`]).
+    pub stored: Index,
+    /// How many packs were stored.
+    pub packs_stored: u64,
     /// Existing packs this writer's dedup decisions rely on.
     pub reused_packs: HashSet<PackId>,
     pub blobs_added: u64,
@@ -92,9 +110,35 @@ struct SealTimes {
     encrypt: PhaseTimer,
 }
 
+/// The blobs a writer took on, for its dedup: under one lock, so that a blob moves from
+/// `in_flight` to `stored` in one step, and an `add` never finds it in neither.
+#[derive(Default)]
+struct Added {
+    /// Blobs sent to the sealers whose pack is not stored yet: at most the queues'
+    /// capacity and the blobs of the two packs being filled.
+    in_flight: HashSet<BlobId>,
+    /// Blobs of the packs this writer stored (durable, though maybe in no index file
+    /// yet: the caller's final index names them before anything relies on them).
+    stored: Index,
+}
+
+impl Added {
+    fn contains(&self, id: &BlobId) -> bool {
+        self.in_flight.contains(id) || self.stored.contains(id)
+    }
+}
+
+type SharedAdded = Arc<Mutex<Added>>;
+
+fn lock(added: &Mutex<Added>) -> std::sync::MutexGuard<'_, Added> {
+    // A panicking holder left it consistent: each step under the lock either happened
+    // or not, and a pack's blobs move only after `Index::add_pack` returned.
+    added.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub struct BlobWriter<'r> {
     repo: &'r Repository,
-    pending: Mutex<HashSet<BlobId>>,
+    added: SharedAdded,
     jobs: Option<Sender<Job>>,
     sealers: Vec<JoinHandle<()>>,
     packer: Option<JoinHandle<Result<WriterReport>>>,
@@ -124,12 +168,21 @@ impl<'r> BlobWriter<'r> {
         let key = Arc::clone(repo.key());
         let pack_size = repo.config().pack_size as usize;
         let cache = repo.cache().cloned();
+        let added = SharedAdded::default();
+        let packer_added = Arc::clone(&added);
         let packer = std::thread::spawn(move || {
-            pack_loop(storage, &key, pack_size, cache.as_ref(), sealed_rx)
+            pack_loop(
+                storage,
+                &key,
+                pack_size,
+                cache.as_ref(),
+                &packer_added,
+                sealed_rx,
+            )
         });
         BlobWriter {
             repo,
-            pending: Mutex::default(),
+            added,
             jobs: Some(job_tx),
             sealers,
             packer: Some(packer),
@@ -158,7 +211,7 @@ impl<'r> BlobWriter<'r> {
     /// Whether the repository has blob `id` (or this writer stores it): then a caller
     /// that has not read the blob's data yet need not (copy with shared ids).
     pub fn has(&self, id: &BlobId) -> bool {
-        self.in_repository(id) || self.lock_pending().contains(id)
+        self.in_repository(id) || lock(&self.added).contains(id)
     }
 
     /// Whether a live pack holds `id`; if so, this writer's result relies on that pack.
@@ -174,11 +227,6 @@ impl<'r> BlobWriter<'r> {
         true
     }
 
-    fn lock_pending(&self) -> std::sync::MutexGuard<'_, HashSet<BlobId>> {
-        // A panicking holder left the set consistent: an insert either happened or not.
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Stores `data` again even though the index has it (prune's repacking).
     pub fn add_copy(&self, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
         let id = self.repo.key().blob_id(data);
@@ -186,8 +234,13 @@ impl<'r> BlobWriter<'r> {
     }
 
     fn store(&self, id: BlobId, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
-        if !self.lock_pending().insert(id) {
-            return Ok((id, false));
+        {
+            // Released before the job is sent: a full queue waits on the packer, which
+            // takes this lock to move a stored pack's blobs.
+            let mut added = lock(&self.added);
+            if added.stored.contains(&id) || !added.in_flight.insert(id) {
+                return Ok((id, false));
+            }
         }
         self.blobs_added.fetch_add(1, Ordering::Relaxed);
         self.raw_bytes_added
@@ -234,6 +287,8 @@ impl<'r> BlobWriter<'r> {
         );
         report.compress_time = self.seal_times.compress.total();
         report.encrypt_time = self.seal_times.encrypt.total();
+        // The packer has ended, so every blob sent is in a stored pack.
+        report.stored = std::mem::take(&mut lock(&self.added).stored);
         Ok(report)
     }
 
@@ -293,10 +348,13 @@ fn pack_loop(
     key: &MasterKey,
     pack_size: usize,
     cache: Option<&Cache>,
+    added: &Mutex<Added>,
     blobs: Receiver<Sealed>,
 ) -> Result<WriterReport> {
     let mut report = WriterReport::default();
-    let store = |pack: PackWriter, report: &mut WriterReport| -> Result<()> {
+    // Blobs of `report.unindexed`.
+    let mut unindexed_blobs = 0;
+    let mut store = |pack: PackWriter, report: &mut WriterReport| -> Result<()> {
         let (id, bytes, entries) = pack.finish(key);
         let started = Instant::now();
         storage.write(&id.storage_name(), &bytes)?;
@@ -312,14 +370,25 @@ fn pack_loop(
                 }
             }
         }
-        report.packs.push(IndexedPack { id, entries });
-        if report.packs.len() - report.packs_indexed >= PACKS_PER_INTERIM_INDEX {
-            let file = IndexFile::new(report.packs[report.packs_indexed..].to_vec());
-            let bytes = file.seal(key);
+        {
+            // The pack is durable: its blobs are this writer's for good.
+            let mut added = lock(added);
+            added.stored.add_pack(id, &entries);
+            for e in &entries {
+                added.in_flight.remove(&e.id);
+            }
+        }
+        report.packs_stored += 1;
+        unindexed_blobs += entries.len();
+        report.unindexed.push(IndexedPack { id, entries });
+        if report.unindexed.len() >= PACKS_PER_INTERIM_INDEX
+            || unindexed_blobs >= BLOBS_PER_INTERIM_INDEX
+        {
+            let bytes = IndexFile::new(std::mem::take(&mut report.unindexed)).seal(key);
+            unindexed_blobs = 0;
             let started = Instant::now();
             storage.write(&IndexId::of_bytes(&bytes).storage_name(), &bytes)?;
             report.write_time += started.elapsed();
-            report.packs_indexed = report.packs.len();
         }
         Ok(())
     };
@@ -348,4 +417,182 @@ fn pack_loop(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use cairn_storage::LocalStorage;
+
+    use super::*;
+    use crate::crypto::KdfParams;
+    use crate::monitor::NullMonitor;
+    use crate::ops::check::{check, CheckOptions};
+    use crate::repo::InitOptions;
+
+    /// A repository with packs of `pack_size` bytes (at least 1 MiB: 16 of [`blob`]'s).
+    fn repository(dir: &std::path::Path, pack_size: u64) -> Repository {
+        let opts = InitOptions {
+            pack_size,
+            kdf: KdfParams {
+                memory_kib: 8,
+                iterations: 1,
+                parallelism: 1,
+            },
+            ..InitOptions::default()
+        };
+        Repository::init(Arc::new(LocalStorage::new(dir)), b"pw", &opts).unwrap()
+    }
+
+    /// 64 KiB of incompressible bytes, different for each `n`.
+    fn blob(n: u32) -> Vec<u8> {
+        let mut out = vec![0; 64 << 10];
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&n.to_le_bytes());
+        hasher.finalize_xof().fill(&mut out);
+        out
+    }
+
+    /// How many times each blob is in the packs in storage, from their headers.
+    fn copies_in_packs(repo: &Repository) -> HashMap<BlobId, usize> {
+        let mut copies = HashMap::new();
+        for pack in repo.list_packs().unwrap() {
+            for e in repo.read_pack_header(&pack).unwrap() {
+                *copies.entry(e.id).or_default() += 1;
+            }
+        }
+        copies
+    }
+
+    /// Waits until the packer has stored the pack holding `id`.
+    fn wait_until_stored(writer: &BlobWriter, id: &BlobId) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !lock(&writer.added).stored.contains(id) {
+            assert!(Instant::now() < deadline, "the pack was never stored");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_blob_added_twice_is_stored_once_in_flight_across_packs_and_after_its_pack_was_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut repo = repository(dir.path(), 1 << 20);
+        let writer = repo.blob_writer();
+        let (first, new) = writer.add(BlobKind::Data, &blob(0)).unwrap();
+        assert!(new);
+        // Most likely still queued or sealing; in any case not stored twice.
+        assert_eq!(
+            writer.add(BlobKind::Data, &blob(0)).unwrap(),
+            (first, false)
+        );
+        // Enough others for several packs, so that blob 0's pack is stored.
+        for n in 1..40 {
+            assert!(writer.add(BlobKind::Data, &blob(n)).unwrap().1);
+        }
+        wait_until_stored(&writer, &first);
+        assert!(!lock(&writer.added).in_flight.contains(&first));
+        assert_eq!(
+            writer.add(BlobKind::Data, &blob(0)).unwrap(),
+            (first, false)
+        );
+        assert_eq!(
+            writer.add_copy(BlobKind::Data, &blob(0)).unwrap(),
+            (first, false)
+        );
+        let mut written = writer.finish().unwrap();
+        assert_eq!(written.blobs_added, 40);
+        assert_eq!(written.stored.len(), 40);
+        assert!(written.packs_stored >= 2, "{} packs", written.packs_stored);
+
+        let copies = copies_in_packs(&repo);
+        assert_eq!(copies.len(), 40);
+        assert!(copies.values().all(|&n| n == 1), "{copies:?}");
+        // The repository's index learns every blob from the writer's.
+        repo.index_written(&mut written).unwrap();
+        for n in 0..40 {
+            let id = repo.key().blob_id(&blob(n));
+            assert!(repo.index().contains_live(&id));
+            assert_eq!(repo.read_blob(&id).unwrap(), blob(n));
+        }
+        // And so does the next process, from the index files.
+        let reopened = Repository::open(Arc::new(LocalStorage::new(dir.path())), b"pw").unwrap();
+        assert_eq!(reopened.index().len(), 40);
+        // A blob the repository has is not stored again, but can be copied (once).
+        let writer = reopened.blob_writer();
+        assert!(!writer.add(BlobKind::Data, &blob(3)).unwrap().1);
+        assert!(writer.add_copy(BlobKind::Data, &blob(3)).unwrap().1);
+        assert!(!writer.add_copy(BlobKind::Data, &blob(3)).unwrap().1);
+        assert_eq!(writer.finish().unwrap().stored.len(), 1);
+    }
+
+    #[test]
+    fn has_sees_blobs_in_flight_stored_and_in_the_repository() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut repo = repository(dir.path(), 1 << 20);
+        let writer = repo.blob_writer();
+        let old = writer.add(BlobKind::Data, &blob(0)).unwrap().0;
+        let mut written = writer.finish().unwrap();
+        repo.index_written(&mut written).unwrap();
+
+        // Packs of 64 MiB: this blob stays in the pack being filled until finish.
+        let dir = tempfile::tempdir().unwrap();
+        let big = repository(dir.path(), 64 << 20);
+        let writer = big.blob_writer();
+        let id = writer.add(BlobKind::Data, &blob(1)).unwrap().0;
+        assert!(lock(&writer.added).in_flight.contains(&id));
+        assert!(writer.has(&id));
+        assert!(!writer.has(&big.key().blob_id(&blob(2))));
+        drop(writer);
+
+        // Packs of 1 MiB: stored as others come.
+        let writer = repo.blob_writer();
+        assert!(writer.has(&old));
+        let id = writer.add(BlobKind::Data, &blob(1)).unwrap().0;
+        assert!(writer.has(&id));
+        for n in 2..20 {
+            writer.add(BlobKind::Data, &blob(n)).unwrap();
+        }
+        wait_until_stored(&writer, &id);
+        assert!(writer.has(&id));
+        assert!(!writer.has(&repo.key().blob_id(&blob(20))));
+        writer.finish().unwrap();
+    }
+
+    #[test]
+    fn an_interrupted_writer_leaves_nothing_the_index_claims_without_a_pack() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = repository(dir.path(), 1 << 20);
+        let writer = repo.blob_writer();
+        // 16 blobs a pack: an interim index file after 256, and packs after it.
+        for n in 0..300 {
+            writer.add(BlobKind::Data, &blob(n)).unwrap();
+        }
+        // As a failed or cancelled backup does: no finish, so no final index file.
+        drop(writer);
+
+        let repo = Repository::open(Arc::new(LocalStorage::new(dir.path())), b"pw").unwrap();
+        let indexed = repo.index().len();
+        assert!(
+            (200..300).contains(&indexed),
+            "{indexed} blobs indexed: interim index files only"
+        );
+        let packs: HashSet<PackId> = repo.list_packs().unwrap().into_iter().collect();
+        let mut headers = HashMap::new();
+        for (id, loc) in repo.index().iter() {
+            assert!(
+                packs.contains(&loc.pack),
+                "blob {id} indexed in a missing pack"
+            );
+            let header = headers
+                .entry(loc.pack)
+                .or_insert_with(|| repo.read_pack_header(&loc.pack).unwrap());
+            assert!(header
+                .iter()
+                .any(|e| e.id == *id && e.offset == loc.offset && e.length == loc.length));
+            assert!(repo.read_blob(id).is_ok());
+        }
+        let report = check(&repo, &CheckOptions::default(), &NullMonitor).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+    }
 }

@@ -57,9 +57,8 @@ fn snapshot_of(repo: &mut Repository, build: impl FnOnce(ContentRef) -> Vec<Node
     let (tree, _) = writer
         .add(BlobKind::Tree, &Tree { nodes }.to_bytes())
         .unwrap();
-    let report = writer.finish().unwrap();
-    repo.write_index(report.packs.clone()).unwrap();
-    repo.absorb(&report.packs);
+    let mut report = writer.finish().unwrap();
+    repo.index_written(&mut report).unwrap();
     Snapshot {
         time: jiff::Timestamp::now(),
         host: "h".into(),
@@ -137,9 +136,8 @@ fn an_existing_symlink_in_the_target_is_never_followed() {
                 .to_bytes(),
             )
             .unwrap();
-        let r = w.finish().unwrap();
-        repo.write_index(r.packs.clone()).unwrap();
-        repo.absorb(&r.packs);
+        let mut r = w.finish().unwrap();
+        repo.index_written(&mut r).unwrap();
         sub
     };
     let snapshot = snapshot_of(&mut repo, |_| {

@@ -213,7 +213,7 @@ pub fn backup_stdin(
 fn commit(
     repo: &mut Repository,
     session: Session,
-    (tree, written): (BlobId, Written),
+    (tree, mut written): (BlobId, Written),
     mut stats: BackupStats,
     parent: Option<SnapshotId>,
     paths: Vec<String>,
@@ -222,8 +222,7 @@ fn commit(
 ) -> Result<BackupReport> {
     // Durability order: packs are stored (finish waited for them), then the index that
     // names them, then the snapshot that relies on both.
-    repo.write_index(written.packs[written.packs_indexed..].to_vec())?;
-    repo.absorb(&written.packs);
+    repo.index_written(&mut written)?;
     crate::session::confirm_reused_packs(repo, &session, &written.reused_packs)?;
     stats.duration_ms = started.elapsed().as_millis() as u64;
     let snapshot = Snapshot {

@@ -84,7 +84,7 @@ pub fn copy(src: &Repository, dst: &mut Repository, opts: &CopyOptions) -> Resul
         return Ok(report);
     }
 
-    let (trees, written) = {
+    let (trees, mut written) = {
         let mut copier = Copier {
             src,
             writer: dst.blob_writer(),
@@ -105,8 +105,7 @@ pub fn copy(src: &Repository, dst: &mut Repository, opts: &CopyOptions) -> Resul
         (trees, copier.writer.finish()?)
     };
     // Durability order, as in a backup: packs, then the index naming them, then snapshots.
-    dst.write_index(written.packs[written.packs_indexed..].to_vec())?;
-    dst.absorb(&written.packs);
+    dst.index_written(&mut written)?;
     crate::session::confirm_reused_packs(dst, &session, &written.reused_packs)?;
     let mut new_ids: HashMap<SnapshotId, SnapshotId> = HashMap::new();
     for ((src_id, snapshot), tree) in todo.into_iter().zip(trees) {

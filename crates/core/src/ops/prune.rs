@@ -367,7 +367,7 @@ pub(crate) fn repack(
     monitor: &dyn Monitor,
 ) -> Result<()> {
     let total: usize = packs.iter().map(|(_, e)| e.len()).sum();
-    let written = {
+    let mut written = {
         let writer = repo.blob_writer();
         let mut done = 0;
         let copied = packs.iter().flat_map(|(_, e)| e).try_for_each(|e| {
@@ -382,8 +382,7 @@ pub(crate) fn repack(
             Err(e) => return Err(writer.cause(e)),
         }
     };
-    repo.write_index(written.packs[written.packs_indexed..].to_vec())?;
-    repo.absorb(&written.packs);
+    repo.index_written(&mut written)?;
     Ok(())
 }
 

@@ -227,9 +227,8 @@ pub fn repair_snapshots(
             None => None,
         }
     };
-    if let Some(w) = written {
-        repo.write_index(w.packs[w.packs_indexed..].to_vec())?;
-        repo.absorb(&w.packs);
+    if let Some(mut w) = written {
+        repo.index_written(&mut w)?;
     }
     // Snapshot files that cannot be read at all are lost the same way.
     lost.extend(list.damaged.iter().map(|(id, _)| *id));
