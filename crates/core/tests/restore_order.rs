@@ -81,10 +81,10 @@ fn files_whose_parts_arrive_out_of_order_and_all_at_once_are_restored_exactly() 
     let (tree, _) = writer
         .add(BlobKind::Tree, &Tree { nodes }.to_bytes())
         .unwrap();
-    let report = writer.finish().unwrap();
-    assert!(report.packs.len() > 20, "{} packs", report.packs.len());
-    repo.write_index(report.packs.clone()).unwrap();
-    repo.absorb(&report.packs);
+    let mut report = writer.finish().unwrap();
+    repo.index_written(&mut report).unwrap();
+    let packs = repo.list_packs().unwrap().len();
+    assert!(packs > 20, "{packs} packs");
     let snapshot = Snapshot {
         time: jiff::Timestamp::now(),
         host: "h".into(),
