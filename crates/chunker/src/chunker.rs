@@ -104,7 +104,9 @@ impl<R: Read> Chunker<R> {
     /// `seed` is XORed into the gear table (fastcdc's `get_gear_with_seed`) so a
     /// repository can key its chunk boundaries; 0 = the plain FastCDC table.
     ///
-    /// The buffer grows as needed up to twice `max_size`, but at least 4 MiB.
+    /// The buffer grows as needed to 4 MiB, and past it to `max_size` only while a
+    /// chunk needs it: reader threads each hold one (16 MiB each, when it was always
+    /// twice `max_size`, were a third of a backup's peak RSS).
     ///
     /// # Panics
     ///
@@ -117,7 +119,7 @@ impl<R: Read> Chunker<R> {
     /// [`into_buffer`](Chunker::into_buffer), so that chunking many files allocates once.
     pub fn with_buffer(reader: R, params: ChunkerParams, seed: u64, mut buffer: Vec<u8>) -> Self {
         let cutter = Cutter::new(params, seed);
-        let capacity = (2 * cutter.max_size).max(MIN_BUFFER_BYTES);
+        let capacity = cutter.max_size.max(MIN_BUFFER_BYTES);
         if buffer.len() < INITIAL_BUFFER_BYTES.min(capacity) {
             buffer.resize(INITIAL_BUFFER_BYTES.min(capacity), 0);
         }
@@ -139,13 +141,22 @@ impl<R: Read> Chunker<R> {
     /// Retries reads interrupted by a signal (`ErrorKind::Interrupted`). After any other
     /// read error, bytes read before it are kept, so calling again resumes the stream.
     pub fn next_chunk(&mut self) -> io::Result<Option<Chunk<'_>>> {
-        if self.end - self.start < self.cutter.max_size && !self.eof {
+        let len = loop {
+            let pending = self.end - self.start;
+            if pending == 0 && self.eof {
+                return Ok(None);
+            }
+            if pending > 0 {
+                // A boundary depends only on the bytes before it: one found before the
+                // end of what was read is final, and so is a cut at `max_size` or at the
+                // end of the stream. Otherwise the chunk may go on: read more.
+                let len = self.cutter.cut(&self.buf[self.start..self.end]);
+                if len < pending || len >= self.cutter.max_size || self.eof {
+                    break len;
+                }
+            }
             self.refill()?;
-        }
-        if self.start == self.end {
-            return Ok(None);
-        }
-        let len = self.cutter.cut(&self.buf[self.start..self.end]);
+        };
         let begin = self.start;
         let offset = self.position;
         self.start += len;
@@ -156,19 +167,24 @@ impl<R: Read> Chunker<R> {
         }))
     }
 
-    /// Moves the unchunked tail (less than `max_size` bytes) to the front, then reads
-    /// until the buffer is full or the reader is exhausted.
+    /// Moves the unchunked tail (a chunk not yet ended, less than `max_size` bytes) to
+    /// the front, then reads until the buffer is full or the reader is exhausted. The
+    /// buffer grows (doubling) while it is full of the tail, or is still small, up to
+    /// `capacity`: past [`MIN_BUFFER_BYTES`] only for a chunk that long.
     fn refill(&mut self) -> io::Result<()> {
         if self.start > 0 {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
+        let mut grow = self.end == self.buf.len();
         loop {
             if self.end == self.buf.len() {
-                if self.buf.len() >= self.capacity {
+                let full_size = self.buf.len() >= MIN_BUFFER_BYTES.min(self.capacity);
+                if self.buf.len() >= self.capacity || (full_size && !grow) {
                     break;
                 }
+                grow = false;
                 let grown = (self.buf.len() * 2).min(self.capacity);
                 self.buf.resize(grown, 0);
             }

@@ -308,3 +308,27 @@ fn a_reused_buffer_chunks_each_stream_as_a_fresh_one_would() {
         "the buffer was kept, not dropped"
     );
 }
+
+#[test]
+fn the_buffer_grows_past_4_mib_only_for_chunks_that_long() {
+    let params = ChunkerParams::DEFAULT;
+    let random = random_bytes(30_000_000, 10);
+    let mut chunker = Chunker::new(&random[..], params, 0);
+    while chunker.next_chunk().unwrap().is_some() {}
+    assert_eq!(
+        chunker.into_buffer().len(),
+        4 << 20,
+        "random data: ~1 MiB chunks"
+    );
+
+    // Zeros have no boundaries: maximal chunks, which need the buffer at full size, and
+    // streaming still cuts where cutting the whole input does.
+    let mut data = vec![0u8; 20_000_000];
+    data.extend(random_bytes(10_000_000, 11));
+    let cuts = stream_cuts(&data[..], params, 0);
+    assert_eq!(cuts, chunk_slice(&data, params, 0));
+    assert!(cuts.iter().any(|&(_, len)| len == params.max_size as usize));
+    let mut chunker = Chunker::new(&data[..], params, 0);
+    while chunker.next_chunk().unwrap().is_some() {}
+    assert_eq!(chunker.into_buffer().len(), params.max_size as usize);
+}
