@@ -664,17 +664,7 @@ mod tests {
             let mut index = Index::default();
             let mut model = Model::default();
             for op in &ops {
-                match op {
-                    Op::Condemn(p) => {
-                        index.condemn([PackId([*p; 32])]);
-                        model.condemn(PackId([*p; 32]));
-                    }
-                    Op::Add(p, blobs) => {
-                        let entries = pack_entries(*p, blobs);
-                        index.add_pack(PackId([*p; 32]), &entries);
-                        model.add_pack(PackId([*p; 32]), &entries);
-                    }
-                }
+                apply(&mut index, &mut model, op);
                 assert_same(&index, &model);
             }
         }
@@ -712,21 +702,26 @@ mod tests {
         }
     }
 
+    /// Applies `op` to both the index and the model.
+    fn apply(index: &mut Index, model: &mut Model, op: &Op) {
+        match op {
+            Op::Condemn(p) => {
+                index.condemn([PackId([*p; 32])]);
+                model.condemn(PackId([*p; 32]));
+            }
+            Op::Add(p, blobs) => {
+                let entries = pack_entries(*p, blobs);
+                index.add_pack(PackId([*p; 32]), &entries);
+                model.add_pack(PackId([*p; 32]), &entries);
+            }
+        }
+    }
+
     fn build(ops: &[Op]) -> (Index, Model) {
         let mut index = Index::default();
         let mut model = Model::default();
         for op in ops {
-            match op {
-                Op::Condemn(p) => {
-                    index.condemn([PackId([*p; 32])]);
-                    model.condemn(PackId([*p; 32]));
-                }
-                Op::Add(p, blobs) => {
-                    let entries = pack_entries(*p, blobs);
-                    index.add_pack(PackId([*p; 32]), &entries);
-                    model.add_pack(PackId([*p; 32]), &entries);
-                }
-            }
+            apply(&mut index, &mut model, op);
         }
         (index, model)
     }

@@ -1,16 +1,13 @@
 //! A restore writes files in the order of the packs that hold their blobs, so a file's
 //! parts arrive in any order and many files are half written at once.
 
-use std::sync::Arc;
+mod common;
 
-use cairn_core::crypto::KdfParams;
 use cairn_core::monitor::NullMonitor;
 use cairn_core::ops::restore::{restore, RestoreOptions};
 use cairn_core::pack::BlobKind;
-use cairn_core::snapshot::{Snapshot, SnapshotSummary};
-use cairn_core::storage::LocalStorage;
 use cairn_core::tree::{ContentRef, Node, NodeKind, Tree};
-use cairn_core::{InitOptions, Repository};
+use common::{node, repo, snapshot};
 
 /// Incompressible bytes unlike any other file's, from `tag` and `i`.
 fn data(tag: &str, i: usize, len: usize) -> Vec<u8> {
@@ -25,22 +22,8 @@ fn data(tag: &str, i: usize, len: usize) -> Vec<u8> {
 #[test]
 fn files_whose_parts_arrive_out_of_order_and_all_at_once_are_restored_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let opts = InitOptions {
-        kdf: KdfParams {
-            memory_kib: 64,
-            iterations: 1,
-            parallelism: 1,
-        },
-        // Small packs: the parts of a file lie in different packs.
-        pack_size: 256 << 10,
-        ..InitOptions::default()
-    };
-    let mut repo = Repository::init(
-        Arc::new(LocalStorage::new(dir.path().join("repo"))),
-        b"pw",
-        &opts,
-    )
-    .unwrap();
+    // Small packs: the parts of a file lie in different packs.
+    let mut repo = repo(&dir.path().join("repo"), Some(256 << 10));
     // Every file's small second part is stored before any first part, all in one pack.
     // The files need that pack second, so it is read second, and hundreds of files are
     // half written at once: more than a restore keeps open, so some are closed and
@@ -57,24 +40,13 @@ fn files_whose_parts_arrive_out_of_order_and_all_at_once_are_restored_exactly() 
     let mut nodes: Vec<Node> = (0..FILES)
         .map(|i| {
             let content = vec![firsts[i], seconds[i], firsts[i]];
-            Node {
-                name: format!("f{i:04}").into_bytes(),
-                kind: NodeKind::File {
+            node(
+                format!("f{i:04}").as_bytes(),
+                NodeKind::File {
                     size: content.iter().map(|c| u64::from(c.len)).sum(),
                     content,
                 },
-                mode: 0o640,
-                uid: 0,
-                gid: 0,
-                user: None,
-                group: None,
-                mtime: Default::default(),
-                ctime: Default::default(),
-                inode: 0,
-                device: 0,
-                links: 1,
-                xattrs: vec![],
-            }
+            )
         })
         .collect();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
@@ -85,17 +57,7 @@ fn files_whose_parts_arrive_out_of_order_and_all_at_once_are_restored_exactly() 
     repo.index_written(&mut report).unwrap();
     let packs = repo.list_packs().unwrap().len();
     assert!(packs > 20, "{packs} packs");
-    let snapshot = Snapshot {
-        time: jiff::Timestamp::now(),
-        host: "h".into(),
-        username: "u".into(),
-        paths: vec!["/".into()],
-        tags: vec![],
-        tree,
-        parent: None,
-        program_version: "test".into(),
-        summary: SnapshotSummary::default(),
-    };
+    let snapshot = snapshot(tree);
     let target = dir.path().join("target");
     let opts = RestoreOptions {
         target: target.clone(),

@@ -1,47 +1,15 @@
 //! A snapshot is data from storage, which an attacker may have written: restore must never
 //! write outside its target, whatever names and links the snapshot holds.
 
-use std::path::Path;
-use std::sync::Arc;
+mod common;
 
-use cairn_core::crypto::KdfParams;
 use cairn_core::monitor::NullMonitor;
 use cairn_core::ops::restore::{restore, Overwrite, RestoreOptions};
 use cairn_core::pack::BlobKind;
-use cairn_core::snapshot::{Snapshot, SnapshotSummary};
-use cairn_core::storage::LocalStorage;
+use cairn_core::snapshot::Snapshot;
 use cairn_core::tree::{ContentRef, Node, NodeKind, Tree};
-use cairn_core::{InitOptions, Repository};
-
-fn repo(dir: &Path) -> Repository {
-    let opts = InitOptions {
-        kdf: KdfParams {
-            memory_kib: 64,
-            iterations: 1,
-            parallelism: 1,
-        },
-        ..InitOptions::default()
-    };
-    Repository::init(Arc::new(LocalStorage::new(dir)), b"pw", &opts).unwrap()
-}
-
-fn node(name: &[u8], kind: NodeKind) -> Node {
-    Node {
-        name: name.to_vec(),
-        kind,
-        mode: 0o644,
-        uid: 0,
-        gid: 0,
-        user: None,
-        group: None,
-        mtime: Default::default(),
-        ctime: Default::default(),
-        inode: 0,
-        device: 0,
-        links: 1,
-        xattrs: vec![],
-    }
-}
+use cairn_core::Repository;
+use common::{node, repo, snapshot};
 
 /// Stores `root` (a tree whose nodes may reference `file_data`) and returns a snapshot of it.
 fn snapshot_of(repo: &mut Repository, build: impl FnOnce(ContentRef) -> Vec<Node>) -> Snapshot {
@@ -59,17 +27,7 @@ fn snapshot_of(repo: &mut Repository, build: impl FnOnce(ContentRef) -> Vec<Node
         .unwrap();
     let mut report = writer.finish().unwrap();
     repo.index_written(&mut report).unwrap();
-    Snapshot {
-        time: jiff::Timestamp::now(),
-        host: "h".into(),
-        username: "u".into(),
-        paths: vec!["/".into()],
-        tags: vec![],
-        tree,
-        parent: None,
-        program_version: "test".into(),
-        summary: SnapshotSummary::default(),
-    }
+    snapshot(tree)
 }
 
 fn file(content: ContentRef) -> NodeKind {
@@ -82,7 +40,7 @@ fn file(content: ContentRef) -> NodeKind {
 #[test]
 fn names_that_climb_out_of_the_target_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let mut repo = repo(&dir.path().join("repo"));
+    let mut repo = repo(&dir.path().join("repo"), None);
     let snapshot = snapshot_of(&mut repo, |c| {
         vec![
             node(b"..", file(c)),
@@ -115,7 +73,7 @@ fn names_that_climb_out_of_the_target_are_refused() {
 #[test]
 fn an_existing_symlink_in_the_target_is_never_followed() {
     let dir = tempfile::tempdir().unwrap();
-    let mut repo = repo(&dir.path().join("repo"));
+    let mut repo = repo(&dir.path().join("repo"), None);
     // The snapshot holds a directory "d" with a file; the target already has "d" as a
     // symlink to a directory outside it.
     let sub = {

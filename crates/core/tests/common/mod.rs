@@ -1,0 +1,62 @@
+//! What the core's integration tests share: a repository that opens fast, plain nodes,
+//! and a snapshot of a stored tree.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use cairn_core::crypto::KdfParams;
+use cairn_core::id::BlobId;
+use cairn_core::snapshot::{Snapshot, SnapshotSummary};
+use cairn_core::storage::LocalStorage;
+use cairn_core::tree::{Node, NodeKind};
+use cairn_core::{InitOptions, Repository};
+
+/// A new repository in `dir` with the cheapest key derivation, and packs of `pack_size`
+/// bytes (the default if `None`).
+pub fn repo(dir: &Path, pack_size: Option<u64>) -> Repository {
+    let defaults = InitOptions::default();
+    let opts = InitOptions {
+        kdf: KdfParams {
+            memory_kib: 64,
+            iterations: 1,
+            parallelism: 1,
+        },
+        pack_size: pack_size.unwrap_or(defaults.pack_size),
+        ..defaults
+    };
+    Repository::init(Arc::new(LocalStorage::new(dir)), b"pw", &opts).unwrap()
+}
+
+/// A node owned by root, mode 0644, with no times or links to speak of.
+pub fn node(name: &[u8], kind: NodeKind) -> Node {
+    Node {
+        name: name.to_vec(),
+        kind,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        user: None,
+        group: None,
+        mtime: Default::default(),
+        ctime: Default::default(),
+        inode: 0,
+        device: 0,
+        links: 1,
+        xattrs: vec![],
+    }
+}
+
+/// A snapshot of the stored tree `tree`, taken now.
+pub fn snapshot(tree: BlobId) -> Snapshot {
+    Snapshot {
+        time: jiff::Timestamp::now(),
+        host: "h".into(),
+        username: "u".into(),
+        paths: vec!["/".into()],
+        tags: vec![],
+        tree,
+        parent: None,
+        program_version: "test".into(),
+        summary: SnapshotSummary::default(),
+    }
+}
