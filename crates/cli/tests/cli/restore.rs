@@ -104,6 +104,40 @@ fn restore_recreates_user_xattrs() {
     assert_trees_equal(&src, &restored, Compare::ALL);
 }
 
+/// Backup carries an unchanged file's xattrs over from the parent snapshot without
+/// reading them; changing one changes the ctime, so it is read again.
+#[test]
+fn xattrs_changed_after_a_backup_are_in_the_next_snapshot() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    fs::create_dir_all(src.join("dir")).unwrap();
+    if !user_xattrs_supported(&src) {
+        eprintln!("SKIPPED: the tempdir filesystem rejects user.* xattrs");
+        return;
+    }
+    write_file(&src.join("dir/file"), b"same contents\n");
+    write_file(&src.join("dir/other"), b"untouched\n");
+    xattr::set(src.join("dir/file"), "user.kept", b"1").unwrap();
+    xattr::set(src.join("dir/file"), "user.dropped", b"x").unwrap();
+    xattr::set(src.join("dir/other"), "user.other", b"o").unwrap();
+    env.backup(&[&src], &[]);
+    xattr::set(src.join("dir/file"), "user.kept", b"2").unwrap();
+    xattr::remove(src.join("dir/file"), "user.dropped").unwrap();
+    xattr::set(src.join("dir"), "user.new", b"on the dir").unwrap();
+    let s = env.backup(&[&src], &[]);
+    assert_eq!(json_u64(&s, "files_unchanged"), 1, "dir/other: {s}");
+
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    let restored = restored_path(&target, &src);
+    let get = |p: &str, n: &str| xattr::get(restored.join(p), n).unwrap();
+    assert_eq!(get("dir/file", "user.kept").as_deref(), Some(&b"2"[..]));
+    assert_eq!(get("dir/file", "user.dropped"), None);
+    assert_eq!(get("dir", "user.new").as_deref(), Some(&b"on the dir"[..]));
+    assert_eq!(get("dir/other", "user.other").as_deref(), Some(&b"o"[..]));
+    assert_trees_equal(&src, &restored, Compare::ALL);
+}
+
 #[test]
 fn restore_recreates_hardlinks_as_one_inode() {
     let env = TestEnv::with_repo();

@@ -376,7 +376,7 @@ where
     };
     let walked = std::thread::scope(|scope| {
         let pool = Pool::start(scope, &ctx, threads);
-        let lookahead = Lookahead::start(scope, repo, &timings.walk, threads);
+        let lookahead = Lookahead::start(scope, repo, &timings.walk, threads, opts.force);
         let mut archiver = Archiver {
             repo,
             ctx: &ctx,
@@ -586,8 +586,8 @@ impl Archiver<'_> {
     }
 
     /// Saves directory `dir`; `parent` is its tree in the parent snapshot.
-    fn save_dir(&mut self, dir: &Path, parent: Option<BlobId>) -> Result<BlobId> {
-        let listing = self.lookahead.take(dir, parent);
+    fn save_dir(&mut self, dir: &Path, parent_id: Option<BlobId>) -> Result<BlobId> {
+        let listing = self.lookahead.take(dir, parent_id);
         for p in &listing.problems {
             self.problem(dir, p);
         }
@@ -609,6 +609,13 @@ impl Archiver<'_> {
             self.ignores.pop();
         }
         let nodes = nodes?;
+        // Unchanged since the parent snapshot: its tree is this one, already stored.
+        // Comparing is cheaper than serializing and hashing the tree again.
+        if let (Some(id), Some(parent)) = (parent_id, &parent) {
+            if parent.nodes == nodes && self.ctx.writer.has(&id) {
+                return Ok(id);
+            }
+        }
         self.save_tree(Tree { nodes })
     }
 

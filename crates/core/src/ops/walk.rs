@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::fs::Metadata;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -54,32 +55,58 @@ pub struct Listing {
     pub parent: Option<Result<Tree>>,
 }
 
-/// Lists `dir` and reads `parent` (its tree in the parent snapshot).
-pub fn list(repo: &Repository, dir: &Path, parent: Option<BlobId>, walk: &PhaseTimer) -> Listing {
+/// Lists `dir` and reads `parent` (its tree in the parent snapshot). Entries are
+/// `lstat`ed relative to the open directory, so the kernel looks up one name, not the
+/// whole path. An entry whose inode, device and ctime are those of its node in `parent`
+/// keeps that node's extended attributes without reading them: setting or removing an
+/// xattr changes the ctime. `reread` (`--force`) reads them all.
+pub fn list(
+    repo: &Repository,
+    dir: &Path,
+    parent: Option<BlobId>,
+    reread: bool,
+    walk: &PhaseTimer,
+) -> Listing {
+    let parent = parent.map(|id| repo.read_tree(&id));
     let started = Instant::now();
-    let mut names: Vec<(Vec<u8>, PathBuf)> = Vec::new();
+    let mut entries: Vec<Entry> = Vec::new();
     let mut problems = Vec::new();
     match std::fs::read_dir(dir) {
         Ok(rd) => {
             for entry in rd {
                 match entry {
-                    Ok(e) => names.push((e.file_name().as_bytes().to_vec(), e.path())),
+                    Ok(e) => entries.push(Entry {
+                        name: e.file_name().as_bytes().to_vec(),
+                        path: e.path(),
+                        md: e.metadata(),
+                        xattrs: Ok(Vec::new()),
+                    }),
                     Err(e) => problems.push(format!("listing incomplete: {e}")),
                 }
             }
         }
         Err(e) => problems.push(format!("directory not read, saved empty: {e}")),
     }
-    names.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let entries = names
-        .into_iter()
-        .map(|(name, path)| Entry::read(name, path))
-        .collect();
+    entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    let known = match &parent {
+        Some(Ok(tree)) if !reread => Some(tree),
+        _ => None,
+    };
+    for entry in &mut entries {
+        let Ok(md) = &entry.md else { continue };
+        let same = known.and_then(|t| t.find(&entry.name)).filter(|n| {
+            n.inode == md.ino() && n.device == md.dev() && n.ctime == fsmeta::ctime(md)
+        });
+        entry.xattrs = match same {
+            Some(node) => Ok(node.xattrs.clone()),
+            None => fsmeta::read_xattrs(&entry.path),
+        };
+    }
     walk.add(started);
     Listing {
         entries,
         problems,
-        parent: parent.map(|id| repo.read_tree(&id)),
+        parent,
     }
 }
 
@@ -89,6 +116,7 @@ const AHEAD: usize = 1024;
 
 struct Job {
     dir: PathBuf,
+    reread: bool,
     parent: Option<BlobId>,
     done: Sender<Listing>,
 }
@@ -97,6 +125,8 @@ struct Job {
 pub struct Lookahead<'a> {
     repo: &'a Repository,
     walk: &'a PhaseTimer,
+    /// Read every entry's extended attributes (`--force`).
+    reread: bool,
     jobs: Sender<Job>,
     waiting: HashMap<PathBuf, Receiver<Listing>>,
 }
@@ -107,6 +137,7 @@ impl<'a> Lookahead<'a> {
         repo: &'a Repository,
         walk: &'a PhaseTimer,
         threads: usize,
+        reread: bool,
     ) -> Lookahead<'a> {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
         for _ in 0..threads {
@@ -114,13 +145,16 @@ impl<'a> Lookahead<'a> {
             scope.spawn(move || {
                 for job in rx {
                     // The walk may have stopped waiting (an error): nothing to do then.
-                    let _ = job.done.send(list(repo, &job.dir, job.parent, walk));
+                    let _ = job
+                        .done
+                        .send(list(repo, &job.dir, job.parent, job.reread, walk));
                 }
             });
         }
         Lookahead {
             repo,
             walk,
+            reread,
             jobs: tx,
             waiting: HashMap::new(),
         }
@@ -134,6 +168,7 @@ impl<'a> Lookahead<'a> {
         let (done, listing) = crossbeam_channel::bounded(1);
         let job = Job {
             dir: dir.to_path_buf(),
+            reread: self.reread,
             parent,
             done,
         };
@@ -147,6 +182,6 @@ impl<'a> Lookahead<'a> {
         if let Some(listing) = self.waiting.remove(dir).and_then(|rx| rx.recv().ok()) {
             return listing;
         }
-        list(self.repo, dir, parent, self.walk)
+        list(self.repo, dir, parent, self.reread, self.walk)
     }
 }
