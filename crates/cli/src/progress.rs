@@ -182,6 +182,27 @@ impl Progress {
     fn elapsed_ms(&self) -> u64 {
         self.shared.started.elapsed().as_millis() as u64
     }
+
+    /// Shows `path` as the file being worked on; with `throttle`, at most every 100 ms
+    /// on a terminal (files done come by the thousand a second).
+    fn show_current(&self, path: &Path, throttle: bool) {
+        if !self.shown() {
+            return;
+        }
+        let now = self.elapsed_ms();
+        let last = self.last_message_ms.load(Ordering::Relaxed);
+        if throttle && self.events.is_none() && now < last + 100 {
+            return;
+        }
+        self.last_message_ms.store(now, Ordering::Relaxed);
+        let text = path.to_string_lossy().into_owned();
+        if let Some(bar) = self.bar.get() {
+            bar.set_message(tail(&text, path_width()));
+        }
+        if let Ok(mut current) = self.shared.current.lock() {
+            *current = text;
+        }
+    }
 }
 
 impl Drop for Progress {
@@ -198,24 +219,15 @@ impl Monitor for Progress {
         }
     }
 
+    /// Not throttled: only files large enough to be chunked are started, and one may be
+    /// read for minutes while nothing else finishes.
+    fn file_started(&self, path: &Path) {
+        self.show_current(path, false);
+    }
+
     fn file_done(&self, path: &Path, _bytes: u64) {
         self.shared.files_done.fetch_add(1, Ordering::Relaxed);
-        if !self.shown() {
-            return;
-        }
-        let now = self.elapsed_ms();
-        let last = self.last_message_ms.load(Ordering::Relaxed);
-        if self.events.is_none() && now < last + 100 {
-            return;
-        }
-        self.last_message_ms.store(now, Ordering::Relaxed);
-        let text = path.to_string_lossy().into_owned();
-        if let Some(bar) = self.bar.get() {
-            bar.set_message(tail(&text, path_width()));
-        }
-        if let Ok(mut current) = self.shared.current.lock() {
-            *current = text;
-        }
+        self.show_current(path, true);
     }
 
     fn bytes_done(&self, bytes: u64) {

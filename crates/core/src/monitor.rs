@@ -10,6 +10,12 @@ pub trait Monitor: Sync {
         let _ = (path, error);
     }
 
+    /// Reading of file `path` has begun: a file large enough to be chunked, which may
+    /// take a while (small files are read in bundles and only reported done).
+    fn file_started(&self, path: &Path) {
+        let _ = path;
+    }
+
     /// A file has been completely handled (`bytes` of content).
     fn file_done(&self, path: &Path, bytes: u64) {
         let _ = (path, bytes);

@@ -124,6 +124,7 @@ impl Pool {
 fn run(ctx: &Context, job: Job, buffer: &mut Vec<u8>) {
     match job.work {
         Work::File(slot, path) => {
+            ctx.monitor.file_started(&path);
             let outcome = match File::open(&path) {
                 Ok(mut f) => chunk_stream(ctx, &mut f, buffer),
                 Err(e) => Ok(Err(e)),

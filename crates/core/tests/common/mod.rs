@@ -1,6 +1,9 @@
 //! What the core's integration tests share: a repository that opens fast, plain nodes,
 //! and a snapshot of a stored tree.
 
+// Each test binary compiles this module and uses part of it.
+#![allow(dead_code)]
+
 use std::path::Path;
 use std::sync::Arc;
 
