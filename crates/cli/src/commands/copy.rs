@@ -2,9 +2,12 @@ use anyhow::{Context, Result};
 use cairn_core::ops::copy::{self, CopyOptions};
 
 use crate::args::{CopyArgs, GlobalArgs};
+use crate::progress::Progress;
 use crate::{context, output};
 
 pub fn run(g: &GlobalArgs, a: CopyArgs) -> Result<u8> {
+    // Ctrl-C stops the copy between trees, removing its session from the destination.
+    crate::signals::install();
     let src = context::open_from(&a.from, true)?;
     let from = src.storage().location();
     let snapshots = a
@@ -18,8 +21,10 @@ pub fn run(g: &GlobalArgs, a: CopyArgs) -> Result<u8> {
         snapshots,
         host: gethostname::gethostname().to_string_lossy().into_owned(),
     };
-    let report = copy::copy(&src, &mut dst, &opts)
+    let monitor = Progress::phases(g, "copy");
+    let report = copy::copy(&src, &mut dst, &opts, &monitor)
         .with_context(|| format!("Cannot copy from {from} to {}", dst.storage().location()))?;
+    monitor.finish();
     if g.json {
         output::json(&serde_json::json!({
             "from": from,

@@ -14,8 +14,9 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::id::{BlobId, SnapshotId};
+use crate::monitor::Monitor;
 use crate::pack::BlobKind;
 use crate::repo::Repository;
 use crate::session::Session;
@@ -51,8 +52,16 @@ pub struct CopyReport {
 
 /// Copies `opts.snapshots` (or all) of `src` into `dst`, skipping snapshots `dst`
 /// already has a copy of (same time, host, user, paths and tags). `dst` may be opened
-/// without its index: the copy reads it after registering its session.
-pub fn copy(src: &Repository, dst: &mut Repository, opts: &CopyOptions) -> Result<CopyReport> {
+/// without its index: the copy reads it after registering its session. Reports the
+/// snapshots done through `Monitor::progress` and the data blobs read through
+/// `bytes_done`; stops with `Error::Interrupted` when the monitor says so, leaving no
+/// session and no snapshot behind.
+pub fn copy(
+    src: &Repository,
+    dst: &mut Repository,
+    opts: &CopyOptions,
+    monitor: &dyn Monitor,
+) -> Result<CopyReport> {
     let started = Instant::now();
     let session = Session::start(dst, &opts.host)?;
     dst.load_index()?;
@@ -92,15 +101,17 @@ pub fn copy(src: &Repository, dst: &mut Repository, opts: &CopyOptions) -> Resul
             data: HashMap::new(),
             trees: HashMap::new(),
             blobs_read: 0,
+            monitor,
         };
-        let trees = match todo
-            .iter()
-            .map(|(_, s)| copier.tree(&s.tree))
-            .collect::<Result<Vec<_>>>()
-        {
-            Ok(trees) => trees,
-            Err(e) => return Err(copier.writer.cause(e)),
-        };
+        let mut trees = Vec::with_capacity(todo.len());
+        for (done, (_, snapshot)) in todo.iter().enumerate() {
+            monitor.progress("snapshots", done as u64, todo.len() as u64);
+            match copier.tree(&snapshot.tree) {
+                Ok(tree) => trees.push(tree),
+                Err(e) => return Err(copier.writer.cause(e)),
+            }
+        }
+        monitor.progress("snapshots", todo.len() as u64, todo.len() as u64);
         report.blobs_read = copier.blobs_read;
         (trees, copier.writer.finish()?)
     };
@@ -147,14 +158,23 @@ struct Copier<'a, 'w> {
     /// The same for trees: a subtree shared by many snapshots is rewritten once.
     trees: HashMap<BlobId, BlobId>,
     blobs_read: u64,
+    monitor: &'a dyn Monitor,
 }
 
 impl Copier<'_, '_> {
+    fn stop_if_cancelled(&self) -> Result<()> {
+        if self.monitor.cancelled() {
+            return Err(Error::Interrupted);
+        }
+        Ok(())
+    }
+
     /// Copies tree `id` and everything below it; returns its id in the destination.
     fn tree(&mut self, id: &BlobId) -> Result<BlobId> {
         if let Some(new) = self.trees.get(id) {
             return Ok(*new);
         }
+        self.stop_if_cancelled()?;
         // Even with shared ids a tree the destination has is read: it may be left over
         // from an interrupted backup whose files' data was pruned since.
         let mut tree: Tree = self.src.read_tree(id)?;
@@ -181,8 +201,10 @@ impl Copier<'_, '_> {
         let new = if self.shared_ids && self.writer.has(id) {
             *id
         } else {
+            self.stop_if_cancelled()?;
             let plain = self.src.read_blob(id)?;
             self.blobs_read += 1;
+            self.monitor.bytes_done(plain.len() as u64);
             self.writer.add(BlobKind::Data, &plain)?.0
         };
         self.data.insert(*id, new);
