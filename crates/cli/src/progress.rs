@@ -232,8 +232,11 @@ impl Monitor for Progress {
 
     fn bytes_done(&self, bytes: u64) {
         self.shared.bytes_done.fetch_add(bytes, Ordering::Relaxed);
-        if let Some(bar) = self.bar.get() {
-            bar.inc(bytes);
+        // A phase bar counts the phase's own units (copy's snapshots), not bytes.
+        if self.shared.kind == Kind::Files {
+            if let Some(bar) = self.bar.get() {
+                bar.inc(bytes);
+            }
         }
     }
 
