@@ -832,3 +832,35 @@ pub fn repo_final_files(env: &TestEnv, sub: &str) -> Vec<PathBuf> {
         })
         .collect()
 }
+
+/// Runs `command` and sends it SIGINT 200 ms after a session file appears in `sessions`
+/// (a repository's `sessions` directory). `None` when the command finished before the
+/// signal arrived, so there is nothing to check.
+pub fn interrupt_once_a_session_appears(
+    command: &mut std::process::Command,
+    sessions: &Path,
+) -> Option<std::process::Output> {
+    let child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while fs::read_dir(sessions).map_or(0, |d| d.count()) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no session was registered in {}",
+            sessions.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    if out.status.code() == Some(0) {
+        eprintln!("the command finished before the signal arrived; nothing to check");
+        return None;
+    }
+    Some(out)
+}

@@ -233,40 +233,26 @@ fn ctrl_c_stops_a_copy_and_leaves_no_session_and_no_snapshot_behind() {
     let pw = env.path("source-password");
     std::fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
     // Different keys: every blob is read, decrypted and sealed again, which takes a while.
-    let child = std::process::Command::new(cairn_bin())
-        .env("CAIRN_PASSWORD", OTHER_PASSWORD)
+    let mut copy = std::process::Command::new(cairn_bin());
+    copy.env("CAIRN_PASSWORD", OTHER_PASSWORD)
         .env("HOME", env.path("home"))
         .arg("-r")
         .arg(env.path("other"))
         .args(["copy", "--from-repo"])
         .arg(&env.repo)
         .arg("--from-password-file")
-        .arg(&pw)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .arg(&pw);
     let sessions = env.path("other/sessions");
-    let session_files = || std::fs::read_dir(&sessions).map_or(0, |d| d.count());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while session_files() == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the copy registered no session"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    // SAFETY: kill has no memory-safety preconditions.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let out = child.wait_with_output().unwrap();
-    if out.status.code() == Some(0) {
-        eprintln!("the copy finished before the signal arrived; nothing to check");
+    let Some(out) = interrupt_once_a_session_appears(&mut copy, &sessions) else {
         return;
-    }
+    };
     assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
     assert!(stderr(&out).contains("Interrupted"), "{}", stderr(&out));
-    assert_eq!(session_files(), 0, "the session file was removed");
+    assert_eq!(
+        std::fs::read_dir(&sessions).unwrap().count(),
+        0,
+        "the session file was removed"
+    );
     assert!(other_snapshots(&env).is_empty(), "no snapshot was written");
     run_other(&env, &["check", "--read-data"]);
 }

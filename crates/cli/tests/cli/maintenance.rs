@@ -172,33 +172,18 @@ fn ctrl_c_stops_a_backup_cleanly_leaving_no_session_and_no_snapshot() {
             &random_bytes(1_000_000, 100 + i),
         );
     }
-    let child = std::process::Command::new(cairn_bin())
+    let mut backup = std::process::Command::new(cairn_bin());
+    backup
         .env("CAIRN_PASSWORD", PASSWORD)
         .env("HOME", env.path("home"))
         .arg("-r")
         .arg(&env.repo)
         .arg("backup")
-        .arg(&src)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while env.repo_files("sessions").is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the backup registered no session"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    // SAFETY: kill has no memory-safety preconditions.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let out = child.wait_with_output().unwrap();
-    if out.status.code() == Some(0) {
-        eprintln!("the backup finished before the signal arrived; nothing to check");
+        .arg(&src);
+    let Some(out) = interrupt_once_a_session_appears(&mut backup, &env.repo.join("sessions"))
+    else {
         return;
-    }
+    };
     assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
     assert!(stderr(&out).contains("Interrupted"), "{}", stderr(&out));
     assert!(
