@@ -58,21 +58,28 @@ struct Sealed {
 /// with the chunk size; with this budget they were 3.6 MB of 86 MB.
 struct Budget {
     limit: usize,
-    /// Bytes granted and not yet given back, and whether the packer has stopped.
-    state: Mutex<(usize, bool)>,
+    state: Mutex<BudgetState>,
     freed: Condvar,
+}
+
+#[derive(Default)]
+struct BudgetState {
+    /// Bytes granted and not yet given back.
+    held: usize,
+    /// The packer has stopped: nothing will be given back in the usual way.
+    closed: bool,
 }
 
 impl Budget {
     fn new(limit: usize) -> Arc<Budget> {
         Arc::new(Budget {
             limit,
-            state: Mutex::new((0, false)),
+            state: Mutex::default(),
             freed: Condvar::new(),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, (usize, bool)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BudgetState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -80,10 +87,10 @@ impl Budget {
     /// at once when the packer has stopped: the caller's send then fails.
     fn take(self: &Arc<Self>, bytes: usize) -> Grant {
         let mut state = self.lock();
-        while state.0 > 0 && state.0 + bytes > self.limit && !state.1 {
+        while state.held > 0 && state.held + bytes > self.limit && !state.closed {
             state = self.freed.wait(state).unwrap_or_else(|p| p.into_inner());
         }
-        state.0 += bytes;
+        state.held += bytes;
         Grant {
             budget: Arc::clone(self),
             bytes,
@@ -92,7 +99,7 @@ impl Budget {
 
     /// No more bytes will be given back (the packer stopped): let every waiter through.
     fn close(&self) {
-        self.lock().1 = true;
+        self.lock().closed = true;
         self.freed.notify_all();
     }
 }
@@ -105,7 +112,7 @@ struct Grant {
 
 impl Drop for Grant {
     fn drop(&mut self) {
-        self.budget.lock().0 -= self.bytes;
+        self.budget.lock().held -= self.bytes;
         self.budget.freed.notify_all();
     }
 }
@@ -531,34 +538,39 @@ mod tests {
                 grant
             })
         };
-        let waited = rx.recv_timeout(std::time::Duration::from_millis(200));
+        let waited = rx.recv_timeout(Duration::from_millis(200));
         assert!(waited.is_err(), "6 + 6 bytes do not fit in 10");
         drop(first);
-        rx.recv_timeout(std::time::Duration::from_secs(10))
+        rx.recv_timeout(Duration::from_secs(10))
             .expect("the second blob enters once the first is packed");
         let second = waiter.join().unwrap();
-        assert_eq!(budget.lock().0, 6);
+        assert_eq!(budget.lock().held, 6);
         drop(second);
         // A blob larger than the whole budget enters when nothing else is held.
         let large = budget.take(25);
-        assert_eq!(budget.lock().0, 25);
+        assert_eq!(budget.lock().held, 25);
         drop(large);
-        assert_eq!(budget.lock().0, 0);
+        assert_eq!(budget.lock().held, 0);
     }
 
     #[test]
     fn a_closed_budget_lets_every_waiter_through() {
         let budget = Budget::new(10);
         let _held = budget.take(10);
+        let (tx, rx) = std::sync::mpsc::channel();
         let waiter = {
             let budget = Arc::clone(&budget);
-            std::thread::spawn(move || drop(budget.take(5)))
+            std::thread::spawn(move || {
+                drop(budget.take(5));
+                tx.send(()).unwrap();
+            })
         };
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        let waited = rx.recv_timeout(Duration::from_millis(200));
+        assert!(waited.is_err(), "the budget is full");
         budget.close();
-        waiter
-            .join()
+        rx.recv_timeout(Duration::from_secs(10))
             .expect("a waiter returns once the packer has stopped");
+        waiter.join().unwrap();
     }
 
     /// A repository with packs of `pack_size` bytes (at least 1 MiB: 16 of [`blob`]'s).
