@@ -13,9 +13,9 @@ use serde::Serialize;
 
 use crate::error::{chain, Result};
 use crate::id::{BlobId, PackId, SnapshotId};
-use crate::index::BlobLocation;
+use crate::index::{BlobSet, PackGroups};
 use crate::monitor::Monitor;
-use crate::pack;
+use crate::pack::{self, PackEntry};
 use crate::repo::Repository;
 use crate::tree::NodeKind;
 
@@ -141,21 +141,24 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
     let stored: HashSet<PackId> = repo.list_packs()?.into_iter().collect();
     let indexed = repo.index().by_pack();
     report.packs = stored.len() as u64;
-    let mut missing: Vec<&PackId> = indexed.keys().filter(|p| !stored.contains(p)).collect();
+    let mut missing: Vec<&PackId> = indexed.packs().filter(|p| !stored.contains(p)).collect();
     missing.sort();
     for pack in missing {
         let i = report.problem(
             pack.storage_name(),
-            format!("pack is missing, and with it {} blobs", indexed[pack].len()),
+            format!(
+                "pack is missing, and with it {} blobs",
+                indexed.blob_count(pack)
+            ),
             &format!("{REPAIR_INDEX}, then {REPAIR_SNAPSHOTS}"),
         );
-        bad.extend(indexed[pack].iter().map(|(b, _)| (*b, i)));
+        bad.extend(indexed.blobs(pack).iter().map(|e| (e.id, i)));
     }
     let condemned = |p: &PackId| repo.index().is_condemned(p);
     report.packs_condemned = stored.iter().filter(|p| condemned(p)).count() as u64;
     let mut unindexed: Vec<&PackId> = stored
         .iter()
-        .filter(|p| !indexed.contains_key(p) && !condemned(p))
+        .filter(|p| !indexed.contains(p) && !condemned(p))
         .collect();
     unindexed.sort();
     if !unindexed.is_empty() {
@@ -182,7 +185,7 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
 
     // Condemned packs wait for prune to delete them; nothing relies on them.
     let mut to_check: Vec<PackId> = indexed
-        .keys()
+        .packs()
         .filter(|p| stored.contains(p) && !condemned(p))
         .copied()
         .collect();
@@ -217,9 +220,9 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
     let mut walker = Walker {
         repo,
         bad,
-        clean: HashSet::new(),
-        seen_trees: HashSet::new(),
-        seen_blobs: HashSet::new(),
+        clean: BlobSet::new(repo.index()),
+        seen_trees: BlobSet::new(repo.index()),
+        seen_blobs: BlobSet::new(repo.index()),
         unindexed_problem: None,
         report: &mut report,
     };
@@ -250,7 +253,7 @@ struct PackResult {
 fn check_packs(
     repo: &Repository,
     packs: &[PackId],
-    indexed: &HashMap<PackId, Vec<(BlobId, BlobLocation)>>,
+    indexed: &PackGroups,
     read_data: Option<Subset>,
     monitor: &dyn Monitor,
 ) -> Vec<PackResult> {
@@ -264,7 +267,7 @@ fn check_packs(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(pack) = packs.get(i) else { break };
                 let read = read_data.is_some_and(|sub| sub.contains(pack));
-                let r = check_pack(repo, pack, &indexed[pack], read);
+                let r = check_pack(repo, pack, &indexed.blobs(pack), read);
                 results.lock().expect("no thread panics holding it").push(r);
                 let n = done.fetch_add(1, Ordering::Relaxed) + 1;
                 monitor.progress("packs", n, packs.len() as u64);
@@ -276,12 +279,7 @@ fn check_packs(
     results
 }
 
-fn check_pack(
-    repo: &Repository,
-    pack: &PackId,
-    blobs: &[(BlobId, BlobLocation)],
-    read: bool,
-) -> PackResult {
+fn check_pack(repo: &Repository, pack: &PackId, blobs: &[PackEntry], read: bool) -> PackResult {
     let mut r = PackResult {
         pack: *pack,
         read,
@@ -301,7 +299,7 @@ fn check_pack(
         Ok(b) => b,
         Err(e) => {
             r.problem = Some(chain(&e));
-            r.bad_blobs = blobs.iter().map(|(b, _)| *b).collect();
+            r.bad_blobs = blobs.iter().map(|b| b.id).collect();
             return r;
         }
     };
@@ -314,19 +312,12 @@ fn check_pack(
         Ok(entries) => notes.extend(compare_header(&entries, blobs)),
         Err(e) => notes.push(format!("header unreadable: {e}")),
     }
-    for (id, loc) in blobs {
-        let ok = pack::verify_blob(
-            repo.key(),
-            &bytes,
-            id,
-            loc.offset,
-            loc.length,
-            loc.raw_length,
-        );
+    for b in blobs {
+        let ok = pack::verify_blob(repo.key(), &bytes, &b.id, b.offset, b.length, b.raw_length);
         if ok {
             r.blobs_verified += 1;
         } else {
-            r.bad_blobs.push(*id);
+            r.bad_blobs.push(b.id);
         }
     }
     if !r.bad_blobs.is_empty() {
@@ -342,14 +333,14 @@ fn check_pack(
     r
 }
 
-fn compare_header(entries: &[pack::PackEntry], blobs: &[(BlobId, BlobLocation)]) -> Option<String> {
+fn compare_header(entries: &[PackEntry], blobs: &[PackEntry]) -> Option<String> {
     let header: HashMap<BlobId, (u32, u32)> = entries
         .iter()
         .map(|e| (e.id, (e.offset, e.length)))
         .collect();
     let disagree = blobs
         .iter()
-        .filter(|(id, loc)| header.get(id) != Some(&(loc.offset, loc.length)))
+        .filter(|b| header.get(&b.id) != Some(&(b.offset, b.length)))
         .count();
     (disagree > 0).then(|| format!("the index and the pack header disagree about {disagree} blobs"))
 }
@@ -358,9 +349,9 @@ fn compare_header(entries: &[pack::PackEntry], blobs: &[(BlobId, BlobLocation)])
 struct Walker<'a> {
     repo: &'a Repository,
     bad: HashMap<BlobId, usize>,
-    clean: HashSet<BlobId>,
-    seen_trees: HashSet<BlobId>,
-    seen_blobs: HashSet<BlobId>,
+    clean: BlobSet<'a>,
+    seen_trees: BlobSet<'a>,
+    seen_blobs: BlobSet<'a>,
     unindexed_problem: Option<usize>,
     report: &'a mut CheckReport,
 }
@@ -405,7 +396,7 @@ impl Walker<'_> {
         if self.clean.contains(tree_id) {
             return true;
         }
-        self.seen_trees.insert(*tree_id);
+        self.seen_trees.insert(tree_id);
         if let Some(i) = self.blob_problem(tree_id) {
             self.damage(i, snapshot, path);
             return false;
@@ -431,7 +422,7 @@ impl Walker<'_> {
                 NodeKind::File { content, .. } => {
                     let mut reported = HashSet::new();
                     for part in content {
-                        self.seen_blobs.insert(part.blob);
+                        self.seen_blobs.insert(&part.blob);
                         if let Some(i) = self.blob_problem(&part.blob) {
                             intact = false;
                             if reported.insert(i) {
@@ -444,7 +435,7 @@ impl Walker<'_> {
             }
         }
         if intact {
-            self.clean.insert(*tree_id);
+            self.clean.insert(tree_id);
         }
         intact
     }

@@ -56,18 +56,7 @@ pub fn repair_index(
     let mut damaged = Vec::new();
     for (i, pack) in packs.iter().enumerate() {
         monitor.progress("reading packs", i as u64, packs.len() as u64);
-        let fallback = known.get(pack).map(|blobs| {
-            blobs
-                .iter()
-                .map(|(id, l)| PackEntry {
-                    id: *id,
-                    kind: l.kind,
-                    offset: l.offset,
-                    length: l.length,
-                    raw_length: l.raw_length,
-                })
-                .collect()
-        });
+        let fallback = known.contains(pack).then(|| known.blobs(pack));
         match inspect_pack(repo, pack, read_data, fallback) {
             Ok(found) => {
                 report.blobs_indexed += found.entries.len() as u64;

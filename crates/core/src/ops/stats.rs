@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::id::{BlobId, PackId, SnapshotId};
 use crate::index::Index;
 use crate::ops::select;
-use crate::pack::{self, BlobKind, PackEntry};
+use crate::pack::{self, BlobKind};
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::NodeKind;
@@ -119,20 +119,8 @@ fn repository_stats(repo: &Repository) -> Result<StatsReport> {
     report.packs = packs.len() as u64;
     report.pack_bytes = Some(
         packs
-            .values()
-            .map(|blobs| {
-                let entries: Vec<PackEntry> = blobs
-                    .iter()
-                    .map(|(id, loc)| PackEntry {
-                        id: *id,
-                        kind: loc.kind,
-                        offset: loc.offset,
-                        length: loc.length,
-                        raw_length: loc.raw_length,
-                    })
-                    .collect();
-                pack::file_size(&entries)
-            })
+            .packs()
+            .map(|p| pack::file_size(&packs.blobs(p)))
             .sum(),
     );
     Ok(report)
