@@ -88,7 +88,12 @@ impl MasterKey {
 
     /// Encrypts and authenticates: `nonce || ciphertext || tag`.
     pub fn seal(&self, plaintext: &[u8]) -> Vec<u8> {
-        seal_with(&self.data_key, plaintext)
+        seal_with(&self.data_key, &[plaintext])
+    }
+
+    /// Seals the concatenation of `parts`, without first copying them into one buffer.
+    pub fn seal_parts(&self, parts: &[&[u8]]) -> Vec<u8> {
+        seal_with(&self.data_key, parts)
     }
 
     pub fn open(&self, sealed: &[u8]) -> Result<Vec<u8>, OpenError> {
@@ -96,13 +101,16 @@ impl MasterKey {
     }
 }
 
-fn seal_with(key: &[u8; 32], plaintext: &[u8]) -> Vec<u8> {
+fn seal_with(key: &[u8; 32], parts: &[&[u8]]) -> Vec<u8> {
     let cipher = XChaCha20Poly1305::new(Key::from_slice(key));
     let mut nonce = [0u8; NONCE_LEN];
     rand::rngs::OsRng.fill_bytes(&mut nonce);
-    let mut out = Vec::with_capacity(plaintext.len() + SEAL_OVERHEAD);
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut out = Vec::with_capacity(len + SEAL_OVERHEAD);
     out.extend_from_slice(&nonce);
-    out.extend_from_slice(plaintext);
+    for p in parts {
+        out.extend_from_slice(p);
+    }
     let tag = cipher
         .encrypt_in_place_detached(XNonce::from_slice(&nonce), b"", &mut out[NONCE_LEN..])
         .expect("XChaCha20-Poly1305 encrypts any length a pack can hold");
@@ -185,7 +193,7 @@ impl KeyFile {
             kdf: "argon2id".into(),
             params,
             salt: B64.encode(salt),
-            wrapped: B64.encode(seal_with(&wrapping, &plain)),
+            wrapped: B64.encode(seal_with(&wrapping, &[plain.as_slice()])),
         }
     }
 

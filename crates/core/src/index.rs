@@ -34,11 +34,12 @@ pub struct IndexedPack {
 }
 
 impl IndexFile {
-    pub fn seal(&self, key: &MasterKey) -> Vec<u8> {
-        crate::object::seal(
-            key,
-            &postcard::to_stdvec(self).expect("an index serializes"),
-        )
+    /// The file's stored form. Takes the file, so that its entries are dropped once
+    /// serialized, before they are compressed and sealed.
+    pub fn seal(self, key: &MasterKey) -> Vec<u8> {
+        let plain = postcard::to_stdvec(&self).expect("an index serializes");
+        drop(self);
+        crate::object::seal(key, &plain)
     }
 
     pub fn open(key: &MasterKey, bytes: &[u8]) -> Result<Self, String> {

@@ -461,6 +461,9 @@ fn pack_loop(
                 }
             }
         }
+        // Before an interim index file is made below: the two together were the peak
+        // of a backup into a 10-million-blob repository.
+        drop(bytes);
         {
             // The pack is durable: its blobs are this writer's for good.
             let mut added = lock(added);
