@@ -56,8 +56,9 @@ impl PackWriter {
         }
     }
 
-    /// Appends a blob that is already compressed and sealed.
-    pub fn add(&mut self, id: BlobId, kind: BlobKind, sealed: &[u8], raw_length: u32) {
+    /// Appends a blob that is already compressed and sealed. A blob that starts a pack and
+    /// would not fit its buffer becomes the buffer (a large tree is not copied again).
+    pub fn add(&mut self, id: BlobId, kind: BlobKind, sealed: Vec<u8>, raw_length: u32) {
         self.entries.push(PackEntry {
             id,
             kind,
@@ -65,7 +66,11 @@ impl PackWriter {
             length: sealed.len() as u32,
             raw_length,
         });
-        self.buf.extend_from_slice(sealed);
+        if self.buf.is_empty() && sealed.len() > self.buf.capacity() {
+            self.buf = sealed;
+        } else {
+            self.buf.extend_from_slice(&sealed);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -179,9 +184,31 @@ mod tests {
     fn pack_of(key: &MasterKey, blobs: &[&[u8]]) -> (PackId, Vec<u8>, Vec<PackEntry>) {
         let mut w = PackWriter::new(1024);
         for b in blobs {
-            w.add(key.blob_id(b), BlobKind::Data, &key.seal(b), b.len() as u32);
+            w.add(key.blob_id(b), BlobKind::Data, key.seal(b), b.len() as u32);
         }
         w.finish(key)
+    }
+
+    #[test]
+    fn a_blob_larger_than_the_buffer_becomes_it_and_the_pack_reads_back() {
+        let key = MasterKey::generate();
+        let big = vec![7u8; 5000];
+        let mut w = PackWriter::new(16);
+        let sealed = key.seal(&big);
+        let at = sealed.as_ptr();
+        w.add(key.blob_id(&big), BlobKind::Tree, sealed, big.len() as u32);
+        assert_eq!(
+            w.buf.as_ptr(),
+            at,
+            "the sealed blob is the buffer, not a copy"
+        );
+        w.add(key.blob_id(b"small"), BlobKind::Tree, key.seal(b"small"), 5);
+        let (_, bytes, entries) = w.finish(&key);
+        assert_eq!(read_header(&key, &bytes).unwrap(), entries);
+        for (e, plain) in entries.iter().zip([&big[..], b"small"]) {
+            let sealed = &bytes[e.offset as usize..(e.offset + e.length) as usize];
+            assert_eq!(key.open(sealed).unwrap(), plain);
+        }
     }
 
     #[test]

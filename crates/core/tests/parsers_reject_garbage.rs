@@ -204,7 +204,7 @@ fn valid_pack() -> (Vec<u8>, Vec<PackEntry>, usize) {
         (BlobKind::Data, &[0u8; 300]),
     ] {
         let sealed = key.seal(&compress::compress(Compression::default(), plain));
-        writer.add(key.blob_id(plain), kind, &sealed, plain.len() as u32);
+        writer.add(key.blob_id(plain), kind, sealed, plain.len() as u32);
     }
     let body_len = writer.len();
     let (_, bytes, entries) = writer.finish(key);

@@ -460,7 +460,11 @@ impl Archiver<'_> {
     }
 
     fn save_tree(&mut self, tree: Tree) -> Result<BlobId> {
-        Ok(self.ctx.writer.add(BlobKind::Tree, &tree.to_bytes())?.0)
+        let bytes = tree.to_bytes();
+        // Before the writer takes the bytes: a directory of a million chunks is a 40 MB
+        // tree and 37 MB serialized.
+        drop(tree);
+        Ok(self.ctx.writer.add_owned(BlobKind::Tree, bytes)?.0)
     }
 
     /// Counts a file whose content was read.

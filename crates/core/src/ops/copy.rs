@@ -189,7 +189,7 @@ impl Copier<'_, '_> {
                 _ => {}
             }
         }
-        let (new, _) = self.writer.add(BlobKind::Tree, &tree.to_bytes())?;
+        let (new, _) = self.writer.add_owned(BlobKind::Tree, tree.to_bytes())?;
         self.trees.insert(*id, new);
         Ok(new)
     }

@@ -335,7 +335,7 @@ impl Fixer<'_> {
         }
         let repo = self.repo;
         let writer = self.writer.get_or_insert_with(|| repo.blob_writer());
-        Ok(writer.add(BlobKind::Tree, &bytes)?.0)
+        Ok(writer.add_owned(BlobKind::Tree, bytes)?.0)
     }
 }
 
