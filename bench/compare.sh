@@ -56,11 +56,13 @@ export CAIRN_PASSWORD=bench RESTIC_PASSWORD=bench BORG_PASSPHRASE=bench \
   RUSTIC_REPOSITORY="$work/repos/rustic" BUPSTASH_REPOSITORY="$work/repos/bupstash" \
   BUPSTASH_KEY="$work/repos/bupstash.key"
 
-# tool_cmd TOOL STEP: sets `cmd` to TOOL's command line for STEP (init, backup1, backup2,
-# restore). Backups are of the same absolute path for every tool; restores go into
-# $work/restore/TOOL, which exists and is empty.
+# tool_cmd TOOL STEP [RUN]: sets `cmd` to TOOL's command line for STEP (init, backup1,
+# backup2, restore); a repeated step's later runs name their snapshot STEP.RUN where the
+# tool wants names of its own (borg, bupstash). Backups are of the same absolute path for
+# every tool; restores go into $work/restore/TOOL, which exists and is empty.
 tool_cmd() {
-  local repo="$work/repos/$1" dest="$work/restore/$1"
+  local repo="$work/repos/$1" dest="$work/restore/$1" name=$2
+  [ "${3:-1}" -gt 1 ] && name="$2.$3"
   case $1:$2 in
     cairn:init) cmd=("$cairn" init -q) ;;
     cairn:backup*) cmd=("$cairn" backup "$src") ;;
@@ -69,7 +71,7 @@ tool_cmd() {
     restic:backup*) cmd=(restic backup "$src") ;;
     restic:restore) cmd=(restic restore latest --target "$dest") ;;
     borg:init) cmd=(borg init --encryption=repokey-blake2 "$repo") ;;
-    borg:backup*) cmd=(borg create "$repo::$2" "$src") ;;
+    borg:backup*) cmd=(borg create "$repo::$name" "$src") ;;
     # borg extracts into the current directory.
     borg:restore) cmd=(env -C "$dest" borg extract "$repo::backup2") ;;
     rustic:init) cmd=(rustic init) ;;
@@ -78,7 +80,7 @@ tool_cmd() {
     # A bupstash repository needs a key, made with the repository.
     bupstash:init) cmd=(bash -c 'bupstash init && bupstash new-key -o "$BUPSTASH_KEY"') ;;
     # The step=... tag names the item, so the restore can ask for the second one.
-    bupstash:backup*) cmd=(bupstash put "step=$2" "$src") ;;
+    bupstash:backup*) cmd=(bupstash put "step=$name" "$src") ;;
     # Its own restore, not `bupstash get | tar -x`: the tar stream rewrites a symlink
     # target of the tree (../.././x becomes ../../x). Owners and xattrs are opt-in there;
     # the other tools restore them by default as root.
@@ -104,29 +106,25 @@ fail() {
 # under a second, where one run on a shared machine moves the ratio by 15%.
 repeats=${CAIRN_BENCH_REPEAT:-3}
 
-# median_of N CMD...: runs CMD (a `timed` call) N times and prints the run with the median
-# wall time; fails as soon as a run fails.
-median_of() {
-  local n=$1 runs=() m i; shift
-  for ((i = 0; i < n; i++)); do
-    m=$("$@") || return 1
-    runs+=("$m")
-  done
-  printf '%s\n' "${runs[@]}" | sort -n | sed -n "$(((n + 1) / 2))p"
-}
+# median RUN...: of `timed` outputs, the one with the median wall time.
+median() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
 
 # step TOOL STEP: times one step, records it with the repository's size after it (none
 # after a restore) and prints it. The tool's output goes to $work/logs/TOOL-STEP.*. The
 # unchanged backup is timed $repeats times (each a new snapshot of the same tree).
 step() {
-  local tool=$1 s=$2 log="$work/logs/$1-$2" m size=- wall cpu rss n=1
+  local tool=$1 s=$2 log="$work/logs/$1-$2" m size=- wall cpu rss n=1 r runs=()
   [ "$s" = backup2 ] && n=$repeats
-  tool_cmd "$tool" "$s"
-  if ! m=$(median_of "$n" timed "$log.out" "$log.err" "${cmd[@]}"); then
-    fail "$tool $s failed" "$log.err"
-    record "$s" "$tool" failed
-    return 1
-  fi
+  for ((r = 1; r <= n; r++)); do
+    tool_cmd "$tool" "$s" "$r"
+    if ! m=$(timed "$log.out" "$log.err" "${cmd[@]}"); then
+      fail "$tool $s failed" "$log.err"
+      record "$s" "$tool" failed
+      return 1
+    fi
+    runs+=("$m")
+  done
+  m=$(median "${runs[@]}")
   [ "$s" = restore ] || size=$({ du -sb "$work/repos/$tool" 2>/dev/null || echo -; } | cut -f1)
   read -r wall cpu rss <<<"$m"
   record "$s" "$tool" "$wall" "$cpu" "$rss" "$size"
@@ -150,10 +148,14 @@ verify() {
 
 # The cairn-only rows, with cairn's repository holding the first and second backups.
 walk_row() {
-  local m wall cpu rss log="$work/logs/statwalk"
-  if ! m=$(median_of "$repeats" timed "$log.out" "$log.err" "$statwalk" "$src"); then
-    fail "statwalk failed" "$log.err"; return 0
-  fi
+  local m wall cpu rss log="$work/logs/statwalk" r runs=()
+  for ((r = 1; r <= repeats; r++)); do
+    if ! m=$(timed "$log.out" "$log.err" "$statwalk" "$src"); then
+      fail "statwalk failed" "$log.err"; return 0
+    fi
+    runs+=("$m")
+  done
+  m=$(median "${runs[@]}")
   read -r wall cpu rss <<<"$m"
   record walk "plain parallel walk" "$wall" "$cpu" "$rss" -
   printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS  (%s)\n' statwalk walk "$wall" "$cpu" \
