@@ -10,7 +10,7 @@
 //! rather than the index's. Loading (see [`IndexBuilder`]) collects every entry, sorts
 //! once and keeps each blob's preferred entry, so it never holds two copies of the index.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -543,8 +543,13 @@ impl<'a> PackGroups<'a> {
 pub struct BlobSet<'a> {
     index: &'a Index,
     bits: Vec<u64>,
-    unindexed: std::collections::HashSet<BlobId>,
+    unindexed: HashSet<BlobId>,
     len: usize,
+}
+
+/// The word of a [`BlobSet`]'s bits that holds position `i`, and its bit there.
+fn word_and_bit(i: usize) -> (usize, u64) {
+    (i / 64, 1 << (i % 64))
 }
 
 impl<'a> BlobSet<'a> {
@@ -561,9 +566,9 @@ impl<'a> BlobSet<'a> {
     pub fn insert(&mut self, id: &BlobId) -> bool {
         let new = match self.index.position(id) {
             Some(i) => {
-                let (word, bit) = (&mut self.bits[i / 64], 1u64 << (i % 64));
-                let new = *word & bit == 0;
-                *word |= bit;
+                let (word, bit) = word_and_bit(i);
+                let new = self.bits[word] & bit == 0;
+                self.bits[word] |= bit;
                 new
             }
             None => self.unindexed.insert(*id),
@@ -574,7 +579,10 @@ impl<'a> BlobSet<'a> {
 
     pub fn contains(&self, id: &BlobId) -> bool {
         match self.index.position(id) {
-            Some(i) => self.bits[i / 64] & (1u64 << (i % 64)) != 0,
+            Some(i) => {
+                let (word, bit) = word_and_bit(i);
+                self.bits[word] & bit != 0
+            }
             None => self.unindexed.contains(id),
         }
     }
@@ -626,8 +634,6 @@ impl IndexBuilder {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
     use proptest::prelude::*;
 
     use super::*;
