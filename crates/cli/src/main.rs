@@ -40,17 +40,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// `cairn cat ... | head` is not an error: whoever read the output has gone. A broken pipe
-/// below a storage error is not that but a cut network connection (S3, SFTP), and a
-/// command that lost its repository must fail.
 /// Serves blocks of 8 MiB and more (pack buffers, index tables and files) from their own
 /// mappings, returned to the system when freed. glibc's default raises this threshold to
 /// the size of each large block freed, up to 32 MiB, after which every 18 MiB pack buffer
 /// came from the heap and the heap kept it: a first backup of the Linux tree peaked at
 /// 130-154 MiB, against 88-93 MiB with the threshold fixed here, restore at 83-85 against
-/// 72 MiB, and a backup into a 10-million-blob repository at 632 against 587 MiB, with
-/// 71 calls to `mmap` in all (docs/BENCHMARKS.md). A threshold set in the environment
-/// (`MALLOC_MMAP_THRESHOLD_`) is left alone.
+/// 72 MiB, and a backup into a 10-million-blob repository at 632 against 587 MiB
+/// (docs/BENCHMARKS.md). Few blocks are that large: that first backup maps 71 in all. A
+/// threshold set in the environment (`MALLOC_MMAP_THRESHOLD_`) is left alone.
 fn fix_mmap_threshold() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none() {
@@ -61,6 +58,9 @@ fn fix_mmap_threshold() {
     }
 }
 
+/// `cairn cat ... | head` is not an error: whoever read the output has gone. A broken pipe
+/// below a storage error is not that but a cut network connection (S3, SFTP), and a
+/// command that lost its repository must fail.
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
     // cairn_core::Error::Storage is transparent: its source is the storage error's source.
     let from_storage = err.chain().any(|e| {
