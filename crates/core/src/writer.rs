@@ -291,20 +291,26 @@ impl<'r> BlobWriter<'r> {
 
     /// As [`add`](Self::add), for a caller that already hashed `data` with the repository's key.
     pub fn add_with_id(&self, id: BlobId, kind: BlobKind, data: &[u8]) -> Result<(BlobId, bool)> {
-        if self.in_repository(&id) {
-            return Ok((id, false));
-        }
-        self.store(id, kind, Cow::Borrowed(data))
+        self.store_unless_present(id, kind, Cow::Borrowed(data))
     }
 
     /// As [`add`](Self::add), taking the bytes, which then go to a sealer without a copy: a
     /// tree of a million chunk references is 37 MB.
     pub fn add_owned(&self, kind: BlobKind, data: Vec<u8>) -> Result<(BlobId, bool)> {
         let id = self.repo.key().blob_id(&data);
+        self.store_unless_present(id, kind, Cow::Owned(data))
+    }
+
+    fn store_unless_present(
+        &self,
+        id: BlobId,
+        kind: BlobKind,
+        data: Cow<[u8]>,
+    ) -> Result<(BlobId, bool)> {
         if self.in_repository(&id) {
             return Ok((id, false));
         }
-        self.store(id, kind, Cow::Owned(data))
+        self.store(id, kind, data)
     }
 
     /// Whether the repository has blob `id` (or this writer stores it): then a caller

@@ -6,7 +6,7 @@ use crate::progress::Progress;
 use crate::{context, output};
 
 pub fn run(g: &GlobalArgs, a: CopyArgs) -> Result<u8> {
-    // Ctrl-C stops the copy between trees, removing its session from the destination.
+    // Ctrl-C stops the copy between blobs, removing its session from the destination.
     crate::signals::install();
     let src = context::open_from(&a.from, true)?;
     let from = src.storage().location();

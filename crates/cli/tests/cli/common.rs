@@ -303,6 +303,17 @@ pub fn compressible_bytes(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// Writes `count` files of `size` incompressible bytes into `dir`, named `f0.bin`,
+/// `f1.bin`, ... and each made from its own seed (`seed`, `seed + 1`, ...).
+pub fn write_random_files(dir: &Path, count: u64, size: usize, seed: u64) {
+    for i in 0..count {
+        write_file(
+            &dir.join(format!("f{i}.bin")),
+            &random_bytes(size, seed + i),
+        );
+    }
+}
+
 pub fn write_file(path: &Path, contents: &[u8]) {
     if let Some(parent) = path.parent() {
         fs::create_dir_all(parent).unwrap();

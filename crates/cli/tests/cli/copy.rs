@@ -222,12 +222,7 @@ fn copy_without_the_source_password_is_a_clear_error() {
 fn ctrl_c_stops_a_copy_and_leaves_no_session_and_no_snapshot_behind() {
     let env = TestEnv::with_repo();
     let src = env.path("src");
-    for i in 0..60 {
-        write_file(
-            &src.join(format!("f{i}")),
-            &random_bytes(1_000_000, 300 + i),
-        );
-    }
+    write_random_files(&src, 60, 1_000_000, 300);
     env.backup(&[&src], &[]);
     run_other(&env, &["init"]);
     let pw = env.path("source-password");

@@ -166,12 +166,7 @@ fn prune_defers_deletions_while_a_backup_is_running_and_does_them_after() {
 fn ctrl_c_stops_a_backup_cleanly_leaving_no_session_and_no_snapshot() {
     let env = TestEnv::with_small_chunk_repo();
     let src = env.path("src");
-    for i in 0..40 {
-        write_file(
-            &src.join(format!("f{i}")),
-            &random_bytes(1_000_000, 100 + i),
-        );
-    }
+    write_random_files(&src, 40, 1_000_000, 100);
     let mut backup = std::process::Command::new(cairn_bin());
     backup
         .env("CAIRN_PASSWORD", PASSWORD)

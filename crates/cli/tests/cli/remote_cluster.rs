@@ -84,12 +84,7 @@ fn remote_backup_to_a_cluster_survives_a_node_dying_half_way() {
     let victim = PathBuf::from(nodes.split_whitespace().last().unwrap());
     let env = TestEnv::new();
     let src = env.path("src");
-    for i in 0..8 {
-        write_file(
-            &src.join(format!("part-{i}.bin")),
-            &random_bytes(4_000_000, 100 + i),
-        );
-    }
+    write_random_files(&src, 8, 4_000_000, 100);
     let mut init = vec!["init", "--pack-size", "1M"];
     init.extend(SMALL_CHUNKS);
     run(&env, &address, &init);

@@ -105,12 +105,7 @@ fn trust_full_disk_a_backup_that_fills_the_disk_fails_clearly_and_loses_nothing(
 
     // A backup of 16 MB of random data into the ~10 MB left.
     let big = env.path("big");
-    for i in 0..8u64 {
-        write_file(
-            &big.join(format!("f{i}.bin")),
-            &random_bytes(2_000_000, 100 + i),
-        );
-    }
+    write_random_files(&big, 8, 2_000_000, 100);
     let out = env
         .cmd()
         .args(["backup", "--json"])
