@@ -91,6 +91,45 @@ fn a_changed_small_file_is_stored_alone() {
     assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
 }
 
+/// A backup goes on to the next directories while a directory's files are read, and
+/// saves each tree once its files are in. Here `a0`'s large file keeps it waiting while
+/// the hundreds of directories after it (more than the 256 a backup lets wait) are
+/// walked: every tree must still be saved under its own parent.
+#[test]
+fn directories_saved_while_their_files_are_read_keep_their_places() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("a0/big.bin"), &random_bytes(48 << 20, 5));
+    for a in 0..8u64 {
+        for b in 0..8u64 {
+            let mid = src.join(format!("a{a}/b{b}"));
+            write_file(&mid.join("mid.txt"), &compressible_bytes(300, a * 8 + b));
+            for c in 0..6u64 {
+                let seed = 1000 + (a * 8 + b) * 6 + c;
+                let len = 200 + (seed % 700) as usize;
+                write_file(
+                    &mid.join(format!("c{c}/leaf.txt")),
+                    &compressible_bytes(len, seed),
+                );
+            }
+        }
+    }
+    let first = env.backup(&[&src], &[]);
+    assert_eq!(json_u64(&first, "files_new"), 1 + 64 + 384, "{first}");
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+
+    write_file(&src.join("a5/b2/c3/leaf.txt"), b"edited");
+    let second = env.backup(&[&src], &[]);
+    assert_eq!(json_u64(&second, "files_changed"), 1, "{second}");
+    // The file and the trees on its path; each other tree is the same as before.
+    assert!(json_u64(&second, "blobs_added") < 20, "{second}");
+    let target = env.path("restored2");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
 #[test]
 fn verified_resume_keeps_intact_bundled_files_and_mends_a_damaged_one() {
     let env = TestEnv::with_repo();

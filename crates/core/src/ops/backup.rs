@@ -2,7 +2,7 @@
 //! to skip files whose metadata did not change, have worker threads read, chunk and hash
 //! the rest (`ingest`), store trees bottom-up, then the index, then the snapshot, last.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::fs::Metadata;
 use std::io::Read;
@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use cairn_chunker::ChunkerParams;
+use crossbeam_channel::{Receiver, TryRecvError};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -390,8 +391,12 @@ where
             reused_packs: HashSet::new(),
             ignores: IgnoreStack::default(),
             lookahead,
+            queue: VecDeque::new(),
+            queued: 0,
+            saved: HashMap::new(),
         };
         let tree = walk(&mut archiver);
+        debug_assert!(tree.is_err() || archiver.queue.is_empty());
         if tree.is_err() {
             // Queued files are dropped; the workers finish what they hold and stop.
             abort.store(true, Ordering::Relaxed);
@@ -439,6 +444,45 @@ struct Archiver<'a> {
     ignores: IgnoreStack,
     /// Directory listings made ahead of the walk.
     lookahead: Lookahead<'a>,
+    /// Directories waiting for their files' contents, oldest first, each after its
+    /// subdirectories.
+    queue: VecDeque<Queued>,
+    /// How many directories were queued: the next one's number.
+    queued: u64,
+    /// Trees of queued directories that were saved, by number, until their parent
+    /// takes them.
+    saved: HashMap<u64, BlobId>,
+}
+
+/// Directories waiting for their files, at most. The walk goes on to the next directories
+/// while the workers read these; beyond it, it waits for the oldest. The pool's bounded
+/// queue limits how far the walk runs ahead in work; this limits the nodes held.
+const WAITING_DIRS: usize = 256;
+
+/// A directory's nodes while some are not complete: files whose contents the workers are
+/// reading, subdirectories whose trees wait in the queue.
+struct Unfinished {
+    nodes: Vec<Option<Node>>,
+    /// Files being read, by slot.
+    reading: Vec<Reading>,
+    /// Results by slot; the channel ends when the last is in.
+    results: Receiver<(usize, Outcome)>,
+    /// Queued subdirectories: their place among the nodes, and their queue number.
+    subdirs: Vec<(usize, u64)>,
+}
+
+/// A directory in the queue.
+struct Queued {
+    number: u64,
+    dir: Unfinished,
+    /// Its tree in the parent snapshot, to keep when nothing changed.
+    parent: Option<(BlobId, Tree)>,
+}
+
+/// A directory's tree: saved, or waiting in the queue under a number.
+enum Subtree {
+    Saved(BlobId),
+    Queued(u64),
 }
 
 /// A file of the directory being saved whose content the workers are reading.
@@ -527,7 +571,8 @@ impl Archiver<'_> {
             match child {
                 SourceDir::Walk(_) => {
                     self.root_device = md.dev();
-                    nodes.extend(self.save_entries(vec![entry], parent, false)?);
+                    let dir = self.save_entries(vec![entry], parent, false)?;
+                    nodes.extend(self.complete(dir)?);
                 }
                 SourceDir::Virtual(p, grandchildren) => {
                     let sub_parent = self.parent_subtree(parent_node, p);
@@ -551,46 +596,48 @@ impl Archiver<'_> {
         node
     }
 
-    /// The kind of a directory entry that is not a regular file (those are
-    /// `save_entries`' business); `None` when it is excluded or unreadable (reported).
-    fn entry_kind(
-        &mut self,
-        path: &Path,
-        md: &Metadata,
-        parent: Option<&Node>,
-    ) -> Result<Option<NodeKind>> {
-        let ft = md.file_type();
-        Ok(Some(if ft.is_dir() {
-            if (self.opts.one_file_system && md.dev() != self.root_device)
-                || self.is_tagged_dir(path)
-            {
-                self.stats.excluded += 1;
-                return Ok(None);
-            }
-            let subtree = self.save_dir(path, parent_dir(parent))?;
-            self.stats.dirs += 1;
-            NodeKind::Dir { subtree }
-        } else if ft.is_symlink() {
+    /// The kind of an entry that is neither a regular file nor a directory; `None` when it
+    /// is unreadable (reported).
+    fn other_kind(&mut self, path: &Path, md: &Metadata) -> Option<NodeKind> {
+        if md.file_type().is_symlink() {
             match std::fs::read_link(path) {
                 Ok(t) => {
                     self.stats.others += 1;
-                    NodeKind::Symlink {
+                    Some(NodeKind::Symlink {
                         target: t.as_os_str().as_bytes().to_vec(),
-                    }
+                    })
                 }
                 Err(e) => {
                     self.problem(path, &e);
-                    return Ok(None);
+                    None
                 }
             }
         } else {
             self.stats.others += 1;
-            fsmeta::special_kind(md)
-        }))
+            Some(fsmeta::special_kind(md))
+        }
     }
 
-    /// Saves directory `dir`; `parent` is its tree in the parent snapshot.
-    fn save_dir(&mut self, dir: &Path, parent_id: Option<BlobId>) -> Result<BlobId> {
+    /// Saves subdirectory `path` unless it is left out (`None`); `parent` is its node in
+    /// the parent snapshot.
+    fn subdir(
+        &mut self,
+        path: &Path,
+        md: &Metadata,
+        parent: Option<&Node>,
+    ) -> Result<Option<Subtree>> {
+        if (self.opts.one_file_system && md.dev() != self.root_device) || self.is_tagged_dir(path) {
+            self.stats.excluded += 1;
+            return Ok(None);
+        }
+        let subtree = self.save_dir(path, parent_dir(parent))?;
+        self.stats.dirs += 1;
+        Ok(Some(subtree))
+    }
+
+    /// Saves directory `dir`, now if its nodes are complete, else through the queue;
+    /// `parent_id` is its tree in the parent snapshot.
+    fn save_dir(&mut self, dir: &Path, parent_id: Option<BlobId>) -> Result<Subtree> {
         let listing = self.lookahead.take(dir, parent_id);
         for p in &listing.problems {
             self.problem(dir, p);
@@ -608,19 +655,125 @@ impl Archiver<'_> {
         for (file, e) in unreadable {
             self.problem(&file, &format!("ignore file not read, not applied: {e}"));
         }
-        let nodes = self.save_entries(entries, parent.as_ref(), true);
+        let unfinished = self.save_entries(entries, parent.as_ref(), true);
         if pushed {
             self.ignores.pop();
         }
-        let nodes = nodes?;
+        let mut dir = unfinished?;
+        let parent = parent_id.zip(parent);
+        if dir.subdirs.is_empty() && self.collect(&mut dir, false)? {
+            return Ok(Subtree::Saved(self.finish(dir, parent)?));
+        }
+        let number = self.queued;
+        self.queued += 1;
+        self.queue.push_back(Queued {
+            number,
+            dir,
+            parent,
+        });
+        self.advance()?;
+        Ok(Subtree::Queued(number))
+    }
+
+    /// Saves the queued directories that are complete, oldest first, and waits for the
+    /// oldest while too many are queued.
+    fn advance(&mut self) -> Result<()> {
+        while self.finish_oldest(false)? {}
+        while self.queue.len() > WAITING_DIRS {
+            self.finish_oldest(true)?;
+        }
+        Ok(())
+    }
+
+    /// Saves the oldest queued directory once its files are in, waiting for them if
+    /// `wait`; whether it was saved. Its subdirectories were queued before it, so they are
+    /// saved already.
+    fn finish_oldest(&mut self, wait: bool) -> Result<bool> {
+        let Some(mut oldest) = self.queue.pop_front() else {
+            return Ok(false);
+        };
+        if !self.collect(&mut oldest.dir, wait)? {
+            self.queue.push_front(oldest);
+            return Ok(false);
+        }
+        let id = self.finish(oldest.dir, oldest.parent)?;
+        self.saved.insert(oldest.number, id);
+        Ok(true)
+    }
+
+    /// Saves the tree of `dir`, or keeps `parent` (its tree in the parent snapshot) when
+    /// nothing changed.
+    fn finish(&mut self, dir: Unfinished, parent: Option<(BlobId, Tree)>) -> Result<BlobId> {
+        let nodes = self.complete(dir)?;
         // Unchanged since the parent snapshot: its tree is this one, already stored.
         // Comparing is cheaper than serializing and hashing the tree again.
-        if let (Some(id), Some(parent)) = (parent_id, &parent) {
+        if let Some((id, parent)) = parent {
             if parent.nodes == nodes && self.ctx.writer.has(&id) {
                 return Ok(id);
             }
         }
         self.save_tree(Tree { nodes })
+    }
+
+    /// The nodes of `dir`, once its files are in and its queued subdirectories saved.
+    fn complete(&mut self, mut dir: Unfinished) -> Result<Vec<Node>> {
+        self.collect(&mut dir, true)?;
+        for (at, number) in dir.subdirs {
+            while self.queue.front().is_some_and(|q| q.number <= number) {
+                self.finish_oldest(true)?;
+            }
+            let Some(id) = self.saved.remove(&number) else {
+                return Err(Error::InvalidInput(format!(
+                    "internal error: directory {number} of the backup was never saved"
+                )));
+            };
+            if let Some(Node {
+                kind: NodeKind::Dir { subtree },
+                ..
+            }) = &mut dir.nodes[at]
+            {
+                *subtree = id;
+            }
+        }
+        Ok(dir.nodes.into_iter().flatten().collect())
+    }
+
+    /// Completes the nodes of `dir`'s files with the results in, waiting for all of them
+    /// if `wait`; whether all are in.
+    fn collect(&mut self, dir: &mut Unfinished, wait: bool) -> Result<bool> {
+        loop {
+            let (slot, outcome) = if wait {
+                match dir.results.recv() {
+                    Ok(result) => result,
+                    Err(_) => return Ok(true),
+                }
+            } else {
+                match dir.results.try_recv() {
+                    Ok(result) => result,
+                    Err(TryRecvError::Empty) => return Ok(false),
+                    Err(TryRecvError::Disconnected) => return Ok(true),
+                }
+            };
+            let Some(r) = dir.reading.get(slot) else {
+                return Err(outcome.err().unwrap_or(Error::WriterStopped));
+            };
+            match outcome? {
+                Ok(file) => {
+                    self.count_read(&file, r.changed);
+                    self.monitor.file_done(&r.path, file.size);
+                    if let Some(n) = &mut dir.nodes[r.node] {
+                        n.kind = NodeKind::File {
+                            size: file.size,
+                            content: file.content,
+                        };
+                    }
+                }
+                Err(e) => {
+                    dir.nodes[r.node] = None;
+                    self.problem(&r.path, &e);
+                }
+            }
+        }
     }
 
     /// Whether a directory is left out by `--exclude-if-present` or `--exclude-caches`.
@@ -634,15 +787,15 @@ impl Archiver<'_> {
 
     /// Saves a directory's entries, in order. Files to read go to the workers first
     /// (small ones bundled); then the walk descends into subdirectories (listed ahead by
-    /// the lookahead threads) while the workers read; the files' nodes are completed when
-    /// their results are in. `filtered`: whether excludes and ignore files apply (not to
-    /// the paths the user named).
+    /// the lookahead threads) while the workers read. The nodes of files being read and of
+    /// queued subdirectories are completed later (`complete`). `filtered`: whether
+    /// excludes and ignore files apply (not to the paths the user named).
     fn save_entries(
         &mut self,
         entries: Vec<Entry>,
         parent: Option<&Tree>,
         filtered: bool,
-    ) -> Result<Vec<Node>> {
+    ) -> Result<Unfinished> {
         let (results_tx, results) = crossbeam_channel::unbounded::<(usize, Outcome)>();
         let mut nodes: Vec<Option<Node>> = Vec::with_capacity(entries.len());
         let mut reading: Vec<Reading> = Vec::new();
@@ -709,37 +862,32 @@ impl Archiver<'_> {
             self.pool.submit(work, &results_tx)?;
         }
         drop(results_tx);
+        let mut subdirs = Vec::new();
         for (at, entry, md) in others {
-            let parent_node = parent.and_then(|t| t.find(&entry.name));
-            if let Some(kind) = self.entry_kind(&entry.path, &md, parent_node)? {
+            let kind = if md.is_dir() {
+                let parent_node = parent.and_then(|t| t.find(&entry.name));
+                match self.subdir(&entry.path, &md, parent_node)? {
+                    None => None,
+                    Some(Subtree::Saved(subtree)) => Some(NodeKind::Dir { subtree }),
+                    Some(Subtree::Queued(number)) => {
+                        subdirs.push((at, number));
+                        let subtree = BlobId([0; 32]); // Set by `complete`.
+                        Some(NodeKind::Dir { subtree })
+                    }
+                }
+            } else {
+                self.other_kind(&entry.path, &md)
+            };
+            if let Some(kind) = kind {
                 nodes[at] = Some(self.node(entry, &md, kind));
             }
         }
-        // Every job holds a sender: the channel ends when the last result is in.
-        for (slot, outcome) in results {
-            let Some(r) = reading.get(slot) else {
-                return Err(outcome.err().unwrap_or(Error::WriterStopped));
-            };
-            let node = &mut nodes[r.node];
-            match outcome? {
-                Ok(file) => {
-                    self.count_read(&file, r.changed);
-                    self.monitor.file_done(&r.path, file.size);
-                    if let Some(n) = node {
-                        n.kind = NodeKind::File {
-                            size: file.size,
-                            content: file.content,
-                        };
-                    }
-                }
-                Err(e) => {
-                    *node = None;
-                    let path = r.path.clone();
-                    self.problem(&path, &e);
-                }
-            }
-        }
-        Ok(nodes.into_iter().flatten().collect())
+        Ok(Unfinished {
+            nodes,
+            reading,
+            results,
+            subdirs,
+        })
     }
 
     /// The parent's node kind for a file whose metadata is unchanged since the parent
