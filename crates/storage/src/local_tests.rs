@@ -138,3 +138,48 @@ fn full_disk_and_quota_errors_become_no_space() {
         )
     );
 }
+
+#[test]
+fn ranged_reads_of_a_deleted_and_rewritten_object_see_the_new_one() {
+    let (_dir, storage) = store();
+    storage.write("data/ab/ab12", b"first version").unwrap();
+    assert_eq!(
+        storage.read_range("data/ab/ab12", 6, 7).unwrap(),
+        b"version"
+    );
+    storage.delete("data/ab/ab12").unwrap();
+    assert!(matches!(
+        storage.read_range("data/ab/ab12", 0, 5),
+        Err(StorageError::NotFound { .. })
+    ));
+    storage
+        .write("data/ab/ab12", b"second, longer version")
+        .unwrap();
+    assert_eq!(storage.read_range("data/ab/ab12", 0, 6).unwrap(), b"second");
+    assert!(matches!(
+        storage.read_range("data/ab/ab12", 20, 5),
+        Err(StorageError::Truncated { size: 22, .. })
+    ));
+}
+
+#[test]
+fn more_objects_than_are_kept_open_all_read_back() {
+    let (_dir, storage) = store();
+    let names: Vec<String> = (0..KEPT_OPEN * 2 + 3)
+        .map(|i| format!("data/{:02x}/obj{i}", i % 4))
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        storage
+            .write(name, format!("object {i}").as_bytes())
+            .unwrap();
+    }
+    for _ in 0..2 {
+        for (i, name) in names.iter().enumerate() {
+            let want = format!("object {i}");
+            let got = storage.read_range(name, 0, want.len() as u64).unwrap();
+            assert_eq!(got, want.as_bytes(), "{name}");
+        }
+    }
+    let open = storage.open.lock().unwrap();
+    assert!(open.files.len() <= KEPT_OPEN && open.order.len() == open.files.len());
+}
