@@ -6,7 +6,7 @@
 //! new name survives a crash. Temporary files start with `.tmp-`, a prefix object names
 //! may not use, so a crash can leave one behind but [`Storage::list`] never shows it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -19,21 +19,23 @@ use crate::{Result, Storage, StorageError};
 #[derive(Debug, Clone)]
 pub struct LocalStorage {
     root: PathBuf,
-    open: Arc<Mutex<OpenFiles>>,
+    open: Arc<Mutex<VecDeque<OpenFile>>>,
 }
 
 /// Files kept open for ranged reads, at most.
 const KEPT_OPEN: usize = 16;
 
-/// Objects recently read by range, kept open with their sizes. An incremental backup
-/// reads thousands of trees from a few packs: opening, sizing, seeking and closing the
-/// pack each time made five system calls of every one-call read. Objects do not change
-/// once written (their names are create-only), so a kept file is still the object until
-/// `delete` forgets it; one deleted by another process still reads as it was.
-#[derive(Debug, Default)]
-struct OpenFiles {
-    files: HashMap<String, (Arc<File>, u64)>,
-    order: VecDeque<String>,
+/// An object recently read by range, kept open with its size; the oldest is closed when
+/// more are. An incremental backup reads thousands of trees from a few packs: opening,
+/// sizing, seeking and closing the pack each time made five system calls of every
+/// one-call read. Objects do not change once written (their names are create-only), so
+/// a kept file is still the object until `delete` forgets it; one deleted by another
+/// process still reads as it was.
+#[derive(Debug)]
+struct OpenFile {
+    name: String,
+    file: Arc<File>,
+    size: u64,
 }
 
 impl LocalStorage {
@@ -49,8 +51,8 @@ impl LocalStorage {
     /// Object `name` open for reading, and its size.
     fn open_for_range(&self, name: &str) -> Result<(Arc<File>, u64)> {
         let lock = || self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((file, size)) = lock().files.get(name) {
-            return Ok((Arc::clone(file), *size));
+        if let Some(kept) = lock().iter().find(|o| o.name == name) {
+            return Ok((Arc::clone(&kept.file), kept.size));
         }
         let path = self.path(name)?;
         let file = File::open(path).map_err(|err| self.read_error("open", name, err))?;
@@ -60,18 +62,14 @@ impl LocalStorage {
             .len();
         let file = Arc::new(file);
         let mut open = lock();
-        if open.files.len() >= KEPT_OPEN {
-            if let Some(oldest) = open.order.pop_front() {
-                open.files.remove(&oldest);
-            }
+        if open.len() >= KEPT_OPEN {
+            open.pop_front();
         }
-        if open
-            .files
-            .insert(name.to_owned(), (Arc::clone(&file), size))
-            .is_none()
-        {
-            open.order.push_back(name.to_owned());
-        }
+        open.push_back(OpenFile {
+            name: name.to_owned(),
+            file: Arc::clone(&file),
+            size,
+        });
         Ok((file, size))
     }
 
@@ -294,12 +292,10 @@ impl Storage for LocalStorage {
 
     fn delete(&self, name: &str) -> Result<()> {
         let path = self.path(name)?;
-        {
-            let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-            if open.files.remove(name).is_some() {
-                open.order.retain(|n| n != name);
-            }
-        }
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|o| o.name != name);
         fs::remove_file(&path).map_err(|err| self.read_error("delete", name, err))?;
         sync_dir(parent_dir(&path)).map_err(|err| self.io_error("sync", name, err))
     }
