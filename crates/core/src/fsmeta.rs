@@ -17,7 +17,7 @@ pub struct NameCache {
 }
 
 impl NameCache {
-    pub fn user(&mut self, uid: u32) -> Option<String> {
+    pub fn user(&mut self, uid: u32) -> Option<&str> {
         self.users
             .entry(uid)
             .or_insert_with(|| {
@@ -26,10 +26,10 @@ impl NameCache {
                     .flatten()
                     .map(|u| u.name)
             })
-            .clone()
+            .as_deref()
     }
 
-    pub fn group(&mut self, gid: u32) -> Option<String> {
+    pub fn group(&mut self, gid: u32) -> Option<&str> {
         self.groups
             .entry(gid)
             .or_insert_with(|| {
@@ -38,7 +38,7 @@ impl NameCache {
                     .flatten()
                     .map(|g| g.name)
             })
-            .clone()
+            .as_deref()
     }
 }
 
@@ -55,8 +55,8 @@ pub fn node_from_metadata(
         mode: md.mode() & 0o7777,
         uid: md.uid(),
         gid: md.gid(),
-        user: names.user(md.uid()),
-        group: names.group(md.gid()),
+        user: names.user(md.uid()).map(str::to_owned),
+        group: names.group(md.gid()).map(str::to_owned),
         mtime: mtime(md),
         ctime: ctime(md),
         inode: md.ino(),
@@ -64,6 +64,38 @@ pub fn node_from_metadata(
         links: md.nlink(),
         xattrs: Vec::new(),
     }
+}
+
+/// Whether `node` holds what [`node_from_metadata`] makes of `md`, its name, kind and
+/// xattrs aside: then backup keeps the parent snapshot's node instead of building an
+/// equal one (an unchanged backup builds no node at all).
+pub fn same_metadata(node: &Node, md: &Metadata, names: &mut NameCache) -> bool {
+    // Every field named, so that a field added to `Node` cannot be forgotten here.
+    let Node {
+        name: _,
+        kind: _,
+        xattrs: _,
+        mode,
+        uid,
+        gid,
+        user,
+        group,
+        mtime: m,
+        ctime: c,
+        inode,
+        device,
+        links,
+    } = node;
+    *mode == md.mode() & 0o7777
+        && *uid == md.uid()
+        && *gid == md.gid()
+        && *m == mtime(md)
+        && *c == ctime(md)
+        && *inode == md.ino()
+        && *device == md.dev()
+        && *links == md.nlink()
+        && user.as_deref() == names.user(md.uid())
+        && group.as_deref() == names.group(md.gid())
 }
 
 /// The kind of an entry that is neither a file, a directory nor a symlink.
@@ -196,5 +228,39 @@ fn apply_steps(
     match first_err {
         Some(e) => Err(e),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_has_the_metadata_it_was_made_from_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let md = std::fs::symlink_metadata(&path).unwrap();
+        let mut names = NameCache::default();
+        let node = node_from_metadata(b"f".to_vec(), &md, NodeKind::Fifo, &mut names);
+        assert!(same_metadata(&node, &md, &mut names));
+
+        let changes: [fn(&mut Node); 10] = [
+            |n| n.mode ^= 0o100,
+            |n| n.uid += 1,
+            |n| n.gid += 1,
+            |n| n.user = Some("someone-else".into()),
+            |n| n.group = Some("others-else".into()),
+            |n| n.mtime.nsec ^= 1,
+            |n| n.ctime.sec -= 1,
+            |n| n.inode += 1,
+            |n| n.device += 1,
+            |n| n.links += 1,
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut other = node.clone();
+            change(&mut other);
+            assert!(!same_metadata(&other, &md, &mut names), "change {i}");
+        }
     }
 }

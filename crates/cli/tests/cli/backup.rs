@@ -63,6 +63,49 @@ fn second_backup_of_an_unchanged_tree_finds_every_file_unchanged_and_adds_only_m
 }
 
 #[test]
+fn changes_deep_in_a_tree_reach_every_tree_above_them() {
+    // A second backup keeps the parent snapshot's nodes and trees where nothing changed;
+    // each change below must still give new trees up to the root.
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("a/b/c/deep.txt"), b"deep\n");
+    write_file(&src.join("a/b/other.txt"), b"other\n");
+    write_file(&src.join("a/top.txt"), b"top\n");
+    write_file(&src.join("gone/soon.txt"), b"soon\n");
+    fs::create_dir_all(src.join("e")).unwrap();
+    let first = env.backup(&[&src], &[]);
+
+    // Content three levels down: `c`'s own metadata stays as it was.
+    write_file(&src.join("a/b/c/deep.txt"), b"deeper\n");
+    // A directory's metadata alone.
+    set_mode(&src.join("a/b"), 0o700);
+    // An entry removed, and one added.
+    fs::remove_file(src.join("gone/soon.txt")).unwrap();
+    std::os::unix::fs::symlink("../a/top.txt", src.join("e/link")).unwrap();
+    let second = env.backup(&[&src], &[]);
+    assert_eq!(json_u64(&second, "files_changed"), 1, "{second}");
+    assert_eq!(json_u64(&second, "files_unchanged"), 2, "{second}");
+    let third = env.backup(&[&src], &[]);
+    assert_eq!(json_u64(&third, "files_unchanged"), 3, "{third}");
+    let snapshots = env.snapshots();
+    let tree = |backup: &serde_json::Value| {
+        let s = snapshots.iter().find(|s| s["id"] == backup["snapshot_id"]);
+        s.map(|s| s["tree"].clone())
+            .unwrap_or_else(|| panic!("{backup} in {snapshots:?}"))
+    };
+    assert_ne!(tree(&first), tree(&second));
+    assert_eq!(
+        tree(&second),
+        tree(&third),
+        "nothing changed since the second"
+    );
+
+    let target = env.path("restored");
+    env.restore(third["snapshot_id"].as_str().unwrap_or(""), &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
+}
+
+#[test]
 fn backup_after_editing_one_file_and_adding_another_reports_one_changed_and_one_new() {
     let env = TestEnv::with_repo();
     let (src, _) = three_file_tree(&env);

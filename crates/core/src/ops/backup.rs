@@ -195,8 +195,14 @@ pub fn backup_stdin(
             mode: 0o644,
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
-            user: archiver.names.user(nix::unistd::getuid().as_raw()),
-            group: archiver.names.group(nix::unistd::getgid().as_raw()),
+            user: archiver
+                .names
+                .user(nix::unistd::getuid().as_raw())
+                .map(str::to_owned),
+            group: archiver
+                .names
+                .group(nix::unistd::getgid().as_raw())
+                .map(str::to_owned),
             mtime: now,
             ctime: now,
             inode: 0,
@@ -467,8 +473,22 @@ struct Unfinished {
     reading: Vec<Reading>,
     /// Results by slot; the channel ends when the last is in.
     results: Receiver<(usize, Outcome)>,
-    /// Queued subdirectories: their place among the nodes, and their queue number.
-    subdirs: Vec<(usize, u64)>,
+    /// Queued subdirectories.
+    subdirs: Vec<QueuedSubdir>,
+    /// How many nodes the directory had in the parent snapshot, if it was there.
+    parent_nodes: Option<usize>,
+    /// How many of `nodes` are the parent snapshot's own, unchanged. When that is all of
+    /// them and all the parent's, the directory's tree is the parent's.
+    kept: usize,
+}
+
+/// A subdirectory waiting in the queue.
+struct QueuedSubdir {
+    /// Its place among the nodes.
+    at: usize,
+    number: u64,
+    /// Whether its node is the parent snapshot's, which stays so if the tree is the same.
+    kept: bool,
 }
 
 /// A directory in the queue.
@@ -476,7 +496,33 @@ struct Queued {
     number: u64,
     dir: Unfinished,
     /// Its tree in the parent snapshot, to keep when nothing changed.
-    parent: Option<(BlobId, Tree)>,
+    parent: Option<BlobId>,
+}
+
+/// A directory's nodes in the parent snapshot, taken in name order as the walk meets the
+/// same names: a merge of two sorted lists rather than a search for each entry, and the
+/// node itself rather than a copy.
+struct ParentNodes {
+    nodes: std::iter::Peekable<std::vec::IntoIter<Node>>,
+    /// How many there were; `None` when the directory was not in the parent snapshot.
+    len: Option<usize>,
+}
+
+impl ParentNodes {
+    fn new(nodes: Option<Vec<Node>>) -> Self {
+        let len = nodes.as_ref().map(Vec::len);
+        ParentNodes {
+            nodes: nodes.unwrap_or_default().into_iter().peekable(),
+            len,
+        }
+    }
+
+    /// The node named `name`. Names must come in increasing order: the nodes before
+    /// `name` are dropped.
+    fn take(&mut self, name: &[u8]) -> Option<Node> {
+        while self.nodes.next_if(|n| n.name.as_slice() < name).is_some() {}
+        self.nodes.next_if(|n| n.name == name)
+    }
 }
 
 /// A directory's tree: saved, or waiting in the queue under a number.
@@ -571,8 +617,9 @@ impl Archiver<'_> {
             match child {
                 SourceDir::Walk(_) => {
                     self.root_device = md.dev();
-                    let dir = self.save_entries(vec![entry], parent, false)?;
-                    nodes.extend(self.complete(dir)?);
+                    let parents = ParentNodes::new(parent_node.map(|n| vec![n.clone()]));
+                    let dir = self.save_entries(vec![entry], parents, false)?;
+                    nodes.extend(self.complete(dir)?.0);
                 }
                 SourceDir::Virtual(p, grandchildren) => {
                     let sub_parent = self.parent_subtree(parent_node, p);
@@ -655,12 +702,14 @@ impl Archiver<'_> {
         for (file, e) in unreadable {
             self.problem(&file, &format!("ignore file not read, not applied: {e}"));
         }
-        let unfinished = self.save_entries(entries, parent.as_ref(), true);
+        let parent_id = parent_id.filter(|_| parent.is_some());
+        let parents = ParentNodes::new(parent.map(|t| t.nodes));
+        let unfinished = self.save_entries(entries, parents, true);
         if pushed {
             self.ignores.pop();
         }
         let mut dir = unfinished?;
-        let parent = parent_id.zip(parent);
+        let parent = parent_id;
         if dir.subdirs.is_empty() && self.collect(&mut dir, false)? {
             return Ok(Subtree::Saved(self.finish(dir, parent)?));
         }
@@ -703,22 +752,21 @@ impl Archiver<'_> {
 
     /// Saves the tree of `dir`, or keeps `parent` (its tree in the parent snapshot) when
     /// nothing changed.
-    fn finish(&mut self, dir: Unfinished, parent: Option<(BlobId, Tree)>) -> Result<BlobId> {
-        let nodes = self.complete(dir)?;
-        // Unchanged since the parent snapshot: its tree is this one, already stored.
-        // Comparing is cheaper than serializing and hashing the tree again.
-        if let Some((id, parent)) = parent {
-            if parent.nodes == nodes && self.ctx.writer.has(&id) {
-                return Ok(id);
-            }
+    fn finish(&mut self, dir: Unfinished, parent: Option<BlobId>) -> Result<BlobId> {
+        let (nodes, unchanged) = self.complete(dir)?;
+        // Unchanged since the parent snapshot: its tree is this one, already stored, and
+        // need not be serialized and hashed again.
+        if let Some(id) = parent.filter(|id| unchanged && self.ctx.writer.has(id)) {
+            return Ok(id);
         }
         self.save_tree(Tree { nodes })
     }
 
-    /// The nodes of `dir`, once its files are in and its queued subdirectories saved.
-    fn complete(&mut self, mut dir: Unfinished) -> Result<Vec<Node>> {
+    /// The nodes of `dir`, once its files are in and its queued subdirectories saved, and
+    /// whether they are the parent snapshot's tree unchanged.
+    fn complete(&mut self, mut dir: Unfinished) -> Result<(Vec<Node>, bool)> {
         self.collect(&mut dir, true)?;
-        for (at, number) in dir.subdirs {
+        for QueuedSubdir { at, number, kept } in dir.subdirs {
             while self.queue.front().is_some_and(|q| q.number <= number) {
                 self.finish_oldest(true)?;
             }
@@ -732,10 +780,15 @@ impl Archiver<'_> {
                 ..
             }) = &mut dir.nodes[at]
             {
+                if kept && *subtree == id {
+                    dir.kept += 1;
+                }
                 *subtree = id;
             }
         }
-        Ok(dir.nodes.into_iter().flatten().collect())
+        let nodes: Vec<Node> = dir.nodes.into_iter().flatten().collect();
+        let unchanged = dir.parent_nodes == Some(dir.kept) && dir.kept == nodes.len();
+        Ok((nodes, unchanged))
     }
 
     /// Completes the nodes of `dir`'s files with the results in, waiting for all of them
@@ -788,20 +841,22 @@ impl Archiver<'_> {
     /// Saves a directory's entries, in order. Files to read go to the workers first
     /// (small ones bundled); then the walk descends into subdirectories (listed ahead by
     /// the lookahead threads) while the workers read. The nodes of files being read and of
-    /// queued subdirectories are completed later (`complete`). `filtered`: whether
-    /// excludes and ignore files apply (not to the paths the user named).
+    /// queued subdirectories are completed later (`complete`). `parents` are the
+    /// directory's nodes in the parent snapshot; `filtered`: whether excludes and ignore
+    /// files apply (not to the paths the user named).
     fn save_entries(
         &mut self,
         entries: Vec<Entry>,
-        parent: Option<&Tree>,
+        mut parents: ParentNodes,
         filtered: bool,
     ) -> Result<Unfinished> {
         let (results_tx, results) = crossbeam_channel::unbounded::<(usize, Outcome)>();
         let mut nodes: Vec<Option<Node>> = Vec::with_capacity(entries.len());
+        let mut kept = 0;
         let mut reading: Vec<Reading> = Vec::new();
         let mut bundle = Bundler::new(self.ctx.params);
         // Entries that are not regular files, saved after the files are queued.
-        let mut others: Vec<(usize, Entry, Metadata)> = Vec::new();
+        let mut others: Vec<(usize, Entry, Metadata, Option<Node>)> = Vec::new();
         for entry in entries {
             if self.monitor.cancelled() {
                 return Err(Error::Interrupted);
@@ -821,13 +876,14 @@ impl Archiver<'_> {
                 self.stats.excluded += 1;
                 continue;
             }
-            let parent_node = parent.and_then(|t| t.find(&entry.name));
+            let parent_node = parents.take(&entry.name);
             if !md.is_file() {
                 if md.is_dir() {
-                    self.lookahead.ahead(&entry.path, parent_dir(parent_node));
+                    self.lookahead
+                        .ahead(&entry.path, parent_dir(parent_node.as_ref()));
                 }
                 nodes.push(None);
-                others.push((nodes.len() - 1, entry, md));
+                others.push((nodes.len() - 1, entry, md, parent_node));
                 continue;
             }
             if self
@@ -838,16 +894,25 @@ impl Archiver<'_> {
                 self.stats.excluded += 1;
                 continue;
             }
-            if let Some(kind) = self.reuse(&entry.path, &md, parent_node) {
-                nodes.push(Some(self.node(entry, &md, kind)));
-                continue;
-            }
+            let parent_node = match parent_node {
+                Some(p) if self.reuse(&entry.path, &md, &p) => {
+                    let node = if self.is_unchanged(&entry, &md, &p) {
+                        kept += 1;
+                        p
+                    } else {
+                        self.node(entry, &md, p.kind)
+                    };
+                    nodes.push(Some(node));
+                    continue;
+                }
+                p => p,
+            };
             let slot = reading.len();
             let path = entry.path.clone();
             reading.push(Reading {
                 node: nodes.len(),
                 path: path.clone(),
-                changed: matches!(parent_node.map(|p| &p.kind), Some(NodeKind::File { .. })),
+                changed: matches!(parent_node.map(|p| p.kind), Some(NodeKind::File { .. })),
             });
             let placeholder = NodeKind::File {
                 size: 0,
@@ -863,23 +928,38 @@ impl Archiver<'_> {
         }
         drop(results_tx);
         let mut subdirs = Vec::new();
-        for (at, entry, md) in others {
+        for (at, entry, md, parent_node) in others {
+            let mut queued = None;
             let kind = if md.is_dir() {
-                let parent_node = parent.and_then(|t| t.find(&entry.name));
-                match self.subdir(&entry.path, &md, parent_node)? {
+                match self.subdir(&entry.path, &md, parent_node.as_ref())? {
                     None => None,
                     Some(Subtree::Saved(subtree)) => Some(NodeKind::Dir { subtree }),
                     Some(Subtree::Queued(number)) => {
-                        subdirs.push((at, number));
-                        let subtree = BlobId([0; 32]); // Set by `complete`.
+                        queued = Some(number);
+                        // The parent's id until `complete` sets the tree's: compared so,
+                        // the node is the parent's if its metadata is.
+                        let subtree = parent_dir(parent_node.as_ref()).unwrap_or(BlobId([0; 32]));
                         Some(NodeKind::Dir { subtree })
                     }
                 }
             } else {
                 self.other_kind(&entry.path, &md)
             };
-            if let Some(kind) = kind {
-                nodes[at] = Some(self.node(entry, &md, kind));
+            let Some(kind) = kind else { continue };
+            let same = parent_node
+                .as_ref()
+                .is_some_and(|p| p.kind == kind && self.is_unchanged(&entry, &md, p));
+            nodes[at] = Some(match parent_node {
+                Some(p) if same => p,
+                _ => self.node(entry, &md, kind),
+            });
+            match queued {
+                Some(number) => subdirs.push(QueuedSubdir {
+                    at,
+                    number,
+                    kept: same,
+                }),
+                None => kept += usize::from(same),
             }
         }
         Ok(Unfinished {
@@ -887,26 +967,35 @@ impl Archiver<'_> {
             reading,
             results,
             subdirs,
+            parent_nodes: parents.len,
+            kept,
         })
     }
 
-    /// The parent's node kind for a file whose metadata is unchanged since the parent
-    /// snapshot and whose chunks are all still stored; `None` when it must be read.
-    fn reuse(&mut self, path: &Path, md: &Metadata, parent: Option<&Node>) -> Option<NodeKind> {
-        let NodeKind::File { size, content } = &parent?.kind else {
-            return None;
+    /// Whether `entry` has the metadata and extended attributes of `parent`, its node in
+    /// the parent snapshot.
+    fn is_unchanged(&mut self, entry: &Entry, md: &Metadata, parent: &Node) -> bool {
+        entry.xattrs.as_ref().is_ok_and(|x| *x == parent.xattrs)
+            && fsmeta::same_metadata(parent, md, &mut self.names)
+    }
+
+    /// Whether the file at `path` keeps the content of `parent`, its node in the parent
+    /// snapshot: its metadata is unchanged and all its chunks are still stored. Counts it
+    /// as unchanged if so.
+    fn reuse(&mut self, path: &Path, md: &Metadata, parent: &Node) -> bool {
+        let NodeKind::File { size, content } = &parent.kind else {
+            return false;
         };
-        let p = parent?;
         let index = self.repo.index();
         let unchanged = !self.opts.force
             && *size == md.len()
-            && p.mtime == fsmeta::mtime(md)
-            && p.ctime == fsmeta::ctime(md)
-            && p.inode == md.ino()
-            && p.device == md.dev()
+            && parent.mtime == fsmeta::mtime(md)
+            && parent.ctime == fsmeta::ctime(md)
+            && parent.inode == md.ino()
+            && parent.device == md.dev()
             && content.iter().all(|c| index.contains_live(&c.blob));
         if !unchanged {
-            return None;
+            return false;
         }
         self.reused_packs.extend(
             content
@@ -918,10 +1007,7 @@ impl Archiver<'_> {
         self.stats.total_bytes += size;
         self.monitor.bytes_done(*size);
         self.monitor.file_done(path, *size);
-        Some(NodeKind::File {
-            size: *size,
-            content: content.clone(),
-        })
+        true
     }
 }
 

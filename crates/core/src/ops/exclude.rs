@@ -57,6 +57,10 @@ impl Excludes {
     }
 
     pub fn matches(&self, path: &Path) -> bool {
+        // Checked first: taking the file name parses the path, for every entry walked.
+        if self.names.is_empty() && self.paths.is_empty() {
+            return false;
+        }
         path.file_name().is_some_and(|n| self.names.is_match(n)) || self.paths.is_match(path)
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::fs::Metadata;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::fsmeta;
 use crate::id::BlobId;
 use crate::repo::Repository;
-use crate::tree::{Tree, Xattr};
+use crate::tree::{Node, Tree, Xattr};
 use crate::writer::PhaseTimer;
 
 /// One directory entry with what backup needs to know of it.
@@ -76,7 +76,7 @@ pub fn list(
             for entry in rd {
                 match entry {
                     Ok(e) => entries.push(Entry {
-                        name: e.file_name().as_bytes().to_vec(),
+                        name: e.file_name().into_vec(),
                         path: e.path(),
                         md: e.metadata(),
                         xattrs: Ok(Vec::new()),
@@ -88,13 +88,17 @@ pub fn list(
         Err(e) => problems.push(format!("directory not read, saved empty: {e}")),
     }
     entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    let known = match &parent {
-        Some(Ok(tree)) if !reread => Some(tree),
-        _ => None,
+    let known: &[Node] = match &parent {
+        Some(Ok(tree)) if !reread => &tree.nodes,
+        _ => &[],
     };
+    // Both in name order: one pass over the nodes.
+    let mut known = known.iter().peekable();
     for entry in &mut entries {
+        while known.next_if(|n| n.name < entry.name).is_some() {}
+        let node = known.next_if(|n| n.name == entry.name);
         let Ok(md) = &entry.md else { continue };
-        let same = known.and_then(|t| t.find(&entry.name)).filter(|n| {
+        let same = node.filter(|n| {
             n.inode == md.ino() && n.device == md.dev() && n.ctime == fsmeta::ctime(md)
         });
         entry.xattrs = match same {
