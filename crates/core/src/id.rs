@@ -12,11 +12,41 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// The raw bytes behind every typed id.
 pub type RawId = [u8; 32];
 
+/// An id's first eight bytes as a big-endian number: ordered as the bytes are.
+fn prefix(raw: &RawId) -> u64 {
+    let [a, b, c, d, e, f, g, h, ..] = *raw;
+    u64::from_be_bytes([a, b, c, d, e, f, g, h])
+}
+
 macro_rules! typed_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
-        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[derive(Clone, Copy, PartialEq, Eq)]
         pub struct $name(pub RawId);
+
+        /// The bytes' order, decided by the first eight as one number: ids are hashes,
+        /// so those almost always differ, and the index's searches and sorts then
+        /// compare two integers rather than call `memcmp`.
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                prefix(&self.0)
+                    .cmp(&prefix(&other.0))
+                    .then_with(|| self.0.cmp(&other.0))
+            }
+        }
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        /// The first eight bytes: as unpredictable as the whole id, which is a hash.
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                state.write_u64(prefix(&self.0));
+            }
+        }
 
         impl $name {
             /// The id as 64 lowercase hex digits.
@@ -140,6 +170,29 @@ mod tests {
         let bin = postcard::to_stdvec(&id).unwrap();
         assert_eq!(bin.len(), 32);
         assert_eq!(postcard::from_bytes::<PackId>(&bin).unwrap(), id);
+    }
+
+    #[test]
+    fn ids_order_as_their_bytes_do() {
+        let mut ids: Vec<BlobId> = (0u8..64).map(|i| BlobId::of_bytes(&[i])).collect();
+        // Ids equal in their first eight bytes, or all but the last, are ordered by the rest.
+        let same_prefix = |first: u8, last: u8| {
+            let mut raw = [first; 32];
+            raw[31] = last;
+            BlobId(raw)
+        };
+        ids.extend([
+            same_prefix(7, 1),
+            same_prefix(7, 0),
+            same_prefix(7, 2),
+            same_prefix(0xff, 0),
+        ]);
+        for a in &ids {
+            for b in &ids {
+                assert_eq!(a.cmp(b), a.0.cmp(&b.0), "{a:?} {b:?}");
+                assert_eq!(a == b, a.0 == b.0);
+            }
+        }
     }
 
     #[test]

@@ -396,6 +396,13 @@ impl Index {
         self.entry(id).is_some_and(|e| self.packs.is_live(e))
     }
 
+    /// The live pack holding the blob, if any: [`Self::contains_live`] and the pack of
+    /// [`Self::get`] in one search.
+    pub fn live_pack(&self, id: &BlobId) -> Option<PackId> {
+        let e = self.entry(id).filter(|e| self.packs.is_live(e))?;
+        Some(self.packs.location(e).pack)
+    }
+
     pub fn get(&self, id: &BlobId) -> Option<BlobLocation> {
         self.entry(id).map(|e| self.packs.location(e))
     }

@@ -395,6 +395,7 @@ where
             stats: BackupStats::default(),
             root_device: 0,
             reused_packs: HashSet::new(),
+            file_packs: Vec::new(),
             ignores: IgnoreStack::default(),
             lookahead,
             queue: VecDeque::new(),
@@ -446,6 +447,8 @@ struct Archiver<'a> {
     root_device: u64,
     /// Packs holding the chunks of unchanged files, which this snapshot builds on.
     reused_packs: HashSet<PackId>,
+    /// The packs of the file `reuse` is looking at.
+    file_packs: Vec<PackId>,
     /// Ignore-file matchers of the directories being walked.
     ignores: IgnoreStack,
     /// Directory listings made ahead of the walk.
@@ -986,23 +989,28 @@ impl Archiver<'_> {
         let NodeKind::File { size, content } = &parent.kind else {
             return false;
         };
-        let index = self.repo.index();
         let unchanged = !self.opts.force
             && *size == md.len()
             && parent.mtime == fsmeta::mtime(md)
             && parent.ctime == fsmeta::ctime(md)
             && parent.inode == md.ino()
-            && parent.device == md.dev()
-            && content.iter().all(|c| index.contains_live(&c.blob));
+            && parent.device == md.dev();
         if !unchanged {
             return false;
         }
-        self.reused_packs.extend(
-            content
-                .iter()
-                .filter_map(|c| index.get(&c.blob))
-                .map(|l| l.pack),
-        );
+        let index = self.repo.index();
+        let packs = &mut self.file_packs;
+        packs.clear();
+        for c in content {
+            let Some(pack) = index.live_pack(&c.blob) else {
+                return false;
+            };
+            // Consecutive chunks are mostly in one pack.
+            if packs.last() != Some(&pack) {
+                packs.push(pack);
+            }
+        }
+        self.reused_packs.extend(packs.drain(..));
         self.stats.files_unchanged += 1;
         self.stats.total_bytes += size;
         self.monitor.bytes_done(*size);
