@@ -712,16 +712,15 @@ impl Archiver<'_> {
             self.ignores.pop();
         }
         let mut dir = unfinished?;
-        let parent = parent_id;
         if dir.subdirs.is_empty() && self.collect(&mut dir, false)? {
-            return Ok(Subtree::Saved(self.finish(dir, parent)?));
+            return Ok(Subtree::Saved(self.finish(dir, parent_id)?));
         }
         let number = self.queued;
         self.queued += 1;
         self.queue.push_back(Queued {
             number,
             dir,
-            parent,
+            parent: parent_id,
         });
         self.advance()?;
         Ok(Subtree::Queued(number))
