@@ -30,6 +30,20 @@ impl Tree {
     }
 }
 
+/// From `nodes` in name order, the one named `name`; the nodes before it are dropped.
+/// Called with names in increasing order (a sorted listing), it merges the listing with a
+/// tree's nodes in one pass instead of a search for each name.
+pub fn next_named<N: std::borrow::Borrow<Node>>(
+    nodes: &mut std::iter::Peekable<impl Iterator<Item = N>>,
+    name: &[u8],
+) -> Option<N> {
+    while nodes
+        .next_if(|n| n.borrow().name.as_slice() < name)
+        .is_some()
+    {}
+    nodes.next_if(|n| n.borrow().name == name)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
     pub name: Vec<u8>,

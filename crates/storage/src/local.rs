@@ -62,6 +62,10 @@ impl LocalStorage {
             .len();
         let file = Arc::new(file);
         let mut open = lock();
+        // Another reader may have kept it meanwhile.
+        if open.iter().any(|o| o.name == name) {
+            return Ok((file, size));
+        }
         if open.len() >= KEPT_OPEN {
             open.pop_front();
         }

@@ -523,8 +523,7 @@ impl ParentNodes {
     /// The node named `name`. Names must come in increasing order: the nodes before
     /// `name` are dropped.
     fn take(&mut self, name: &[u8]) -> Option<Node> {
-        while self.nodes.next_if(|n| n.name.as_slice() < name).is_some() {}
-        self.nodes.next_if(|n| n.name == name)
+        crate::tree::next_named(&mut self.nodes, name)
     }
 }
 

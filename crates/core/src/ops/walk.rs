@@ -92,11 +92,9 @@ pub fn list(
         Some(Ok(tree)) if !reread => &tree.nodes,
         _ => &[],
     };
-    // Both in name order: one pass over the nodes.
     let mut known = known.iter().peekable();
     for entry in &mut entries {
-        while known.next_if(|n| n.name < entry.name).is_some() {}
-        let node = known.next_if(|n| n.name == entry.name);
+        let node = crate::tree::next_named(&mut known, &entry.name);
         let Ok(md) = &entry.md else { continue };
         let same = node.filter(|n| {
             n.inode == md.ino() && n.device == md.dev() && n.ctime == fsmeta::ctime(md)
