@@ -21,6 +21,8 @@ pub use local::LocalStorage;
 pub use location::{open, Location};
 pub use remote::{RemoteStorage, S3Config, SftpConfig};
 
+use std::time::SystemTime;
+
 /// A store of named, write-once files.
 ///
 /// Names are relative paths of `/`-separated components of ASCII letters, digits, `.`,
@@ -47,6 +49,21 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// `""` lists the whole store. Temporary files of unfinished writes are never listed;
     /// a missing directory gives an empty list.
     fn list(&self, dir: &str) -> Result<Vec<String>>;
+
+    /// The files [`list`](Self::list) gives, each with the time the storage last wrote
+    /// it by the storage's own clock: a local file's mtime, S3's `Last-Modified`, the
+    /// SFTP server's mtime. cairn compares such times only with each other, never with a
+    /// host's clock, so hosts whose clocks disagree still agree on them.
+    fn list_modified(&self, dir: &str) -> Result<Vec<(String, SystemTime)>>;
+
+    /// Temporary files that unfinished writes left anywhere in the store (a crash, a cut
+    /// connection), with their modification times by the storage's clock. A write in
+    /// progress shows here too: judge by age. Empty where writes leave none (S3).
+    fn temporaries(&self) -> Result<Vec<(String, SystemTime)>>;
+
+    /// Removes a temporary file that [`temporaries`](Self::temporaries) named;
+    /// [`StorageError::InvalidName`] for any other name.
+    fn delete_temporary(&self, name: &str) -> Result<()>;
 
     /// Size in bytes, or [`StorageError::NotFound`].
     fn size(&self, name: &str) -> Result<u64>;

@@ -12,7 +12,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::name::{valid_component, validate_name, TEMP_PREFIX};
+use std::time::SystemTime;
+
+use crate::name::{is_temporary_name, valid_component, validate_name, TEMP_PREFIX};
 use crate::{Result, Storage, StorageError};
 
 /// A store in a directory of the local file system.
@@ -270,9 +272,46 @@ impl Storage for LocalStorage {
             self.path(dir)?
         };
         let mut names = Vec::new();
-        self.walk(&path, dir, &mut names)?;
+        self.walk(&path, dir, Wanted::Objects, &mut names)?;
         names.sort_unstable();
         Ok(names)
+    }
+
+    fn list_modified(&self, dir: &str) -> Result<Vec<(String, SystemTime)>> {
+        let mut out = Vec::new();
+        for name in self.list(dir)? {
+            match fs::metadata(self.path(&name)?).and_then(|m| m.modified()) {
+                Ok(time) => out.push((name, time)),
+                // Deleted since it was listed.
+                Err(err) if is_not_found(&err) => {}
+                Err(err) => return Err(self.io_error("stat", &name, err)),
+            }
+        }
+        Ok(out)
+    }
+
+    fn temporaries(&self) -> Result<Vec<(String, SystemTime)>> {
+        let mut names = Vec::new();
+        self.walk(&self.root, "", Wanted::Temporaries, &mut names)?;
+        let mut out = Vec::new();
+        for name in names {
+            match fs::symlink_metadata(self.root.join(&name)).and_then(|m| m.modified()) {
+                Ok(time) => out.push((name, time)),
+                Err(err) if is_not_found(&err) => {}
+                Err(err) => return Err(self.io_error("stat", &name, err)),
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete_temporary(&self, name: &str) -> Result<()> {
+        if !is_temporary_name(name) {
+            return Err(StorageError::InvalidName {
+                name: name.to_owned(),
+                location: self.location(),
+            });
+        }
+        fs::remove_file(self.root.join(name)).map_err(|err| self.read_error("delete", name, err))
     }
 
     fn size(&self, name: &str) -> Result<u64> {
@@ -306,8 +345,9 @@ impl Storage for LocalStorage {
 }
 
 impl LocalStorage {
-    /// Appends the names of the files below `path` (whose name is `prefix`) to `names`.
-    fn walk(&self, path: &Path, prefix: &str, names: &mut Vec<String>) -> Result<()> {
+    /// Appends the names of the files below `path` (whose name is `prefix`) to `names`:
+    /// objects, or temporary files.
+    fn walk(&self, path: &Path, prefix: &str, wanted: Wanted, names: &mut Vec<String>) -> Result<()> {
         let list_error = |err: io::Error| self.io_error("list", prefix, err);
         let entries = match fs::read_dir(path) {
             Ok(entries) => entries,
@@ -318,11 +358,24 @@ impl LocalStorage {
         for entry in entries {
             let entry = entry.map_err(list_error)?;
             let file_name = entry.file_name();
-            // Skips temporary files, and anything else no valid name could have written
-            // (non-UTF-8 names, editor backups with spaces, ...).
-            let Some(file_name) = file_name.to_str().filter(|n| valid_component(n)) else {
+            let Some(file_name) = file_name.to_str() else {
                 continue;
             };
+            if wanted == Wanted::Temporaries && file_name.starts_with(TEMP_PREFIX) {
+                let name = match prefix.is_empty() {
+                    true => file_name.to_owned(),
+                    false => format!("{prefix}/{file_name}"),
+                };
+                if is_temporary_name(&name) {
+                    names.push(name);
+                }
+                continue;
+            }
+            // Skips temporary files, and anything else no valid name could have written
+            // (non-UTF-8 names, editor backups with spaces, ...).
+            if !valid_component(file_name) {
+                continue;
+            }
             let name = if prefix.is_empty() {
                 file_name.to_owned()
             } else {
@@ -338,13 +391,19 @@ impl LocalStorage {
                 }
             }
             if file_type.is_dir() {
-                self.walk(&entry.path(), &name, names)?;
-            } else if file_type.is_file() {
+                self.walk(&entry.path(), &name, wanted, names)?;
+            } else if file_type.is_file() && wanted == Wanted::Objects {
                 names.push(name);
             }
         }
         Ok(())
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wanted {
+    Objects,
+    Temporaries,
 }
 
 #[cfg(unix)]

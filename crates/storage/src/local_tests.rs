@@ -76,6 +76,24 @@ fn leftover_temporary_file_from_a_crash_is_not_listed() {
 }
 
 #[test]
+fn temporaries_lists_and_deletes_leftover_temporary_files_only() {
+    let (_dir, storage) = store();
+    storage.write("data/ab/ab12", b"chunk").unwrap();
+    fs::write(storage.root().join("data/ab/.tmp-xyz"), b"half").unwrap();
+    fs::write(storage.root().join(".tmp-0a"), b"").unwrap();
+    let mut names: Vec<String> = storage.temporaries().unwrap().into_iter().map(|t| t.0).collect();
+    names.sort();
+    assert_eq!(names, [".tmp-0a", "data/ab/.tmp-xyz"]);
+    storage.delete_temporary("data/ab/.tmp-xyz").unwrap();
+    assert!(!storage.root().join("data/ab/.tmp-xyz").exists());
+    assert!(matches!(
+        storage.delete_temporary("data/ab/ab12"),
+        Err(StorageError::InvalidName { .. })
+    ));
+    assert_eq!(storage.list("").unwrap(), ["data/ab/ab12"]);
+}
+
+#[test]
 fn files_no_valid_name_could_have_written_are_not_listed() {
     let (_dir, storage) = store();
     storage.write("keys/k1", b"key").unwrap();

@@ -11,6 +11,18 @@ pub(crate) fn validate_name(name: &str) -> bool {
     !name.is_empty() && name.split('/').all(valid_component)
 }
 
+/// Whether `name` is a temporary file's name as backends make them: valid directory
+/// components, then a last component of [`TEMP_PREFIX`] and name characters.
+pub(crate) fn is_temporary_name(name: &str) -> bool {
+    let (dir, file) = name.rsplit_once('/').unwrap_or(("", name));
+    (dir.is_empty() || validate_name(dir))
+        && file.len() > TEMP_PREFIX.len()
+        && file.starts_with(TEMP_PREFIX)
+        && file[TEMP_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// Whether one path component (a file or directory name) is allowed.
 pub(crate) fn valid_component(component: &str) -> bool {
     !component.is_empty()

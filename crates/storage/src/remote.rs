@@ -14,14 +14,14 @@
 //! not replace an existing file.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use opendal::layers::{ConcurrentLimitLayer, RetryLayer, TimeoutLayer};
 use opendal::{blocking, ErrorKind, Operator};
 
 use crate::counts::{add, bump, RequestCounts};
 use crate::error::{Result, StorageError};
-use crate::name::validate_name;
+use crate::name::{is_temporary_name, validate_name};
 use crate::Storage;
 
 /// Where an S3 store is and how to sign requests.
@@ -244,6 +244,61 @@ impl RemoteStorage {
         }
     }
 
+    /// Every file below `dir`, recursively, with the metadata the listing gave: names
+    /// not yet checked against the naming rules.
+    fn entries(&self, dir: &str) -> Result<Vec<(String, opendal::Metadata)>> {
+        if !dir.is_empty() {
+            self.check(dir)?;
+        }
+        bump(&self.counts.list);
+        let path = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        let opts = opendal::options::ListOptions {
+            recursive: true,
+            ..Default::default()
+        };
+        let entries = match self.op.list_options(&path, opts) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(self.error("list", dir, e)),
+        };
+        Ok(entries
+            .into_iter()
+            .filter(|e| e.metadata().is_file())
+            .map(|e| {
+                let name = e.path().trim_start_matches('/').to_string();
+                (name, e.metadata().clone())
+            })
+            .collect())
+    }
+
+    /// A listed file's modification time: from the listing where it has one (S3 and
+    /// SFTP listings do), else from a stat; `None` if the file is gone meanwhile.
+    fn modified(&self, name: &str, listed: &opendal::Metadata) -> Result<Option<SystemTime>> {
+        if let Some(t) = listed.last_modified() {
+            return Ok(Some(t.into()));
+        }
+        bump(&self.counts.head);
+        match self.op.stat(name) {
+            Ok(meta) => match meta.last_modified() {
+                Some(t) => Ok(Some(t.into())),
+                None => Err(StorageError::Remote {
+                    op: "look up",
+                    name: name.to_string(),
+                    location: self.location.clone(),
+                    hint: "the server gives no modification time for files, which cairn needs \
+                           to tell a running backup from a crashed one",
+                    source: "no modification time".into(),
+                }),
+            },
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.error("look up", name, e)),
+        }
+    }
+
     fn tmp_name(name: &str) -> String {
         let (dir, file) = name.rsplit_once('/').unwrap_or(("", name));
         let tmp = format!(".tmp-{}-{file}", hex::encode(rand::random::<[u8; 8]>()));
@@ -390,33 +445,59 @@ impl Storage for RemoteStorage {
     }
 
     fn list(&self, dir: &str) -> Result<Vec<String>> {
-        if !dir.is_empty() {
-            self.check(dir)?;
-        }
-        bump(&self.counts.list);
-        let path = if dir.is_empty() {
-            String::new()
-        } else {
-            format!("{dir}/")
-        };
-        let opts = opendal::options::ListOptions {
-            recursive: true,
-            ..Default::default()
-        };
-        let entries = match self.op.list_options(&path, opts) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(self.error("list", dir, e)),
-        };
-        let mut names: Vec<String> = entries
+        let mut names: Vec<String> = self
+            .entries(dir)?
             .into_iter()
-            .filter(|e| e.metadata().is_file())
-            .map(|e| e.path().trim_start_matches('/').to_string())
+            .map(|(name, _)| name)
             .filter(|n| validate_name(n))
             .collect();
         names.sort();
         names.dedup();
         Ok(names)
+    }
+
+    fn list_modified(&self, dir: &str) -> Result<Vec<(String, SystemTime)>> {
+        let mut out = Vec::new();
+        for (name, meta) in self.entries(dir)? {
+            if !validate_name(&name) {
+                continue;
+            }
+            if let Some(time) = self.modified(&name, &meta)? {
+                out.push((name, time));
+            }
+        }
+        out.sort();
+        out.dedup_by(|a, b| a.0 == b.0);
+        Ok(out)
+    }
+
+    fn temporaries(&self) -> Result<Vec<(String, SystemTime)>> {
+        if self.kind == Kind::S3 {
+            // Single PUTs: nothing is ever written under a temporary name.
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        for (name, meta) in self.entries("")? {
+            if is_temporary_name(&name) {
+                if let Some(time) = self.modified(&name, &meta)? {
+                    out.push((name, time));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn delete_temporary(&self, name: &str) -> Result<()> {
+        if !is_temporary_name(name) {
+            return Err(StorageError::InvalidName {
+                name: name.to_string(),
+                location: self.location.clone(),
+            });
+        }
+        bump(&self.counts.delete);
+        self.op
+            .delete(name)
+            .map_err(|e| self.error("delete", name, e))
     }
 
     fn size(&self, name: &str) -> Result<u64> {

@@ -25,6 +25,8 @@ pub fn run_all(storage: &dyn Storage) {
     suite.delete();
     suite.invalid_names_are_rejected();
     suite.listing_holds_exactly_what_was_written();
+    suite.modification_times_follow_the_order_of_writes();
+    suite.temporaries_are_only_temporary_names();
 }
 
 struct Suite<'a> {
@@ -355,10 +357,61 @@ impl Suite<'_> {
             "list \"\" gave {listed:?}, expected {want:?}"
         );
     }
+
+    /// Session heartbeats are judged by these times, compared with each other: a file
+    /// written later must not look older, and every listed file has one.
+    fn modification_times_follow_the_order_of_writes(&mut self) {
+        self.write("times/first", b"1");
+        // Past S3's one-second resolution of Last-Modified.
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        self.write("times/second", b"2");
+        let listed = self.ok("list_modified times", self.storage.list_modified("times"));
+        let names: Vec<&str> = listed.iter().map(|(n, _)| n.as_str()).collect();
+        ensure!(
+            self,
+            names == ["times/first", "times/second"],
+            "list_modified gave {names:?}"
+        );
+        ensure!(
+            self,
+            listed[1].1 > listed[0].1,
+            "a file written 1.1 s later has time {:?}, the earlier one {:?}",
+            listed[1].1,
+            listed[0].1
+        );
+        let empty = self.ok("list_modified of a missing dir", self.storage.list_modified("no-such-dir"));
+        ensure!(self, empty.is_empty(), "a missing directory listed {empty:?}");
+    }
+
+    fn temporaries_are_only_temporary_names(&mut self) {
+        let temps = self.ok("temporaries", self.storage.temporaries());
+        ensure!(
+            self,
+            temps.is_empty(),
+            "finished writes left temporary files {temps:?}"
+        );
+        for name in ["times/first", "../x", "data/.tmp-", ".tmp-a/b"] {
+            ensure!(
+                self,
+                matches!(
+                    self.storage.delete_temporary(name),
+                    Err(StorageError::InvalidName { .. })
+                ),
+                "delete_temporary accepted {name:?}"
+            );
+        }
+        ensure!(
+            self,
+            self.storage.exists("times/first").unwrap_or(false),
+            "delete_temporary removed an object"
+        );
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::SystemTime;
+
     use super::*;
     use crate::LocalStorage;
 
@@ -382,6 +435,15 @@ mod tests {
         }
         fn list(&self, dir: &str) -> crate::Result<Vec<String>> {
             self.0.list(dir)
+        }
+        fn list_modified(&self, dir: &str) -> crate::Result<Vec<(String, SystemTime)>> {
+            self.0.list_modified(dir)
+        }
+        fn temporaries(&self) -> crate::Result<Vec<(String, SystemTime)>> {
+            self.0.temporaries()
+        }
+        fn delete_temporary(&self, name: &str) -> crate::Result<()> {
+            self.0.delete_temporary(name)
         }
         fn size(&self, name: &str) -> crate::Result<u64> {
             self.0.size(name)
