@@ -384,6 +384,12 @@ impl Index {
         self.packs.is_condemned(pack)
     }
 
+    /// Whether an index or trash file read into this index named the pack (even if every
+    /// blob it holds is located elsewhere).
+    pub fn knows_pack(&self, pack: &PackId) -> bool {
+        self.packs.numbers.contains_key(pack)
+    }
+
     fn entry(&self, id: &BlobId) -> Option<&Entry> {
         match self.recent.find(id) {
             Some(i) => Some(&self.recent.entries[i]),

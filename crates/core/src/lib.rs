@@ -6,6 +6,7 @@
 //! Nothing here knows about terminals or argument syntax.
 
 pub mod cache;
+pub mod commit;
 pub mod compress;
 pub mod config;
 pub mod crypto;

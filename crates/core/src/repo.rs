@@ -136,40 +136,51 @@ impl Repository {
 
     /// (Re)reads the trash and every index file. Each file is added to the index as it is
     /// read and then dropped, so loading holds the index and one file, not every file.
-    pub fn load_index(&mut self) -> Result<()> {
-        let mut problems = Vec::new();
-        let mut index = IndexBuilder::default();
-        for (_, t) in crate::trash::list(self)? {
-            match t {
-                Ok(t) => index.condemn(t.packs.iter().map(|p| p.id)),
-                Err(e) => problems.push(e),
-            }
-        }
-        for (_, name) in self.index_file_names()? {
-            match self.read_index_file(&name) {
-                Ok(f) => {
-                    for p in &f.packs {
-                        index.add_pack(p.id, &p.entries);
+    /// Returns the trash generation whose condemnations the index now honours: `None`
+    /// when a trash file could not be read (its condemnations are unknown).
+    pub fn load_index(&mut self) -> Result<Option<u64>> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let trash = crate::trash::read(self)?;
+            let observed = trash.observed();
+            let mut index = IndexBuilder::default();
+            index.condemn(trash.packs.keys().copied());
+            let mut problems = trash.problems;
+            let mut vanished = false;
+            for (_, name) in self.index_file_names()? {
+                match self.read_index_file(&name) {
+                    Ok(f) => {
+                        for p in &f.packs {
+                            index.add_pack(p.id, &p.entries);
+                        }
                     }
+                    // Replaced by prune between the listing and the read: list again, to
+                    // read the file that replaced it.
+                    Err(Error::Storage(StorageError::NotFound { .. })) if attempt < 4 => {
+                        vanished = true;
+                        break;
+                    }
+                    Err(e) => problems.push(e),
                 }
-                Err(e) => problems.push(e),
             }
+            if vanished {
+                continue;
+            }
+            self.install_index(index.finish());
+            self.index_problems = problems;
+            return Ok(observed);
         }
-        self.install_index(index.finish());
-        self.index_problems = problems;
-        Ok(())
     }
 
-    /// Rebuilds the in-memory index from trash and index files already read.
+    /// Rebuilds the in-memory index from the trash and index files already read.
     pub fn set_index<'a>(
         &mut self,
-        trash: &[crate::trash::TrashFile],
+        trash: &crate::trash::Trash,
         files: impl Iterator<Item = &'a IndexFile>,
     ) {
         let mut index = IndexBuilder::default();
-        for t in trash {
-            index.condemn(t.packs.iter().map(|p| p.id));
-        }
+        index.condemn(trash.packs.keys().copied());
         for file in files {
             for p in &file.packs {
                 index.add_pack(p.id, &p.entries);
@@ -262,6 +273,30 @@ impl Repository {
         for p in packs {
             self.index.add_pack(p.id, &p.entries);
         }
+    }
+
+    /// Indexes the packs in storage that no index or trash file names, among those
+    /// `wanted` accepts: packs a backup or repack stored but did not get to index (it was
+    /// killed, or stopped). A stored pack is whole and durable (writes are atomic), so
+    /// naming it in an index is always safe. Packs whose header cannot be read are left
+    /// alone; `check` reports them. Returns the packs adopted and the index file that
+    /// names them.
+    pub fn adopt_unindexed_packs(
+        &mut self,
+        wanted: impl Fn(&PackId) -> bool,
+    ) -> Result<(Vec<IndexedPack>, Option<IndexId>)> {
+        let mut adopted = Vec::new();
+        for pack in self.list_packs()? {
+            if self.index.knows_pack(&pack) || !wanted(&pack) {
+                continue;
+            }
+            if let Ok(entries) = self.read_pack_header(&pack) {
+                adopted.push(IndexedPack { id: pack, entries });
+            }
+        }
+        let file = self.write_index(adopted.clone())?;
+        self.absorb(&adopted);
+        Ok((adopted, file))
     }
 
     /// After [`BlobWriter::finish`]: writes an index file naming the writer's packs that
@@ -491,6 +526,16 @@ impl Repository {
             .list("data")?
             .iter()
             .filter_map(|n| n.rsplit('/').next()?.parse().ok())
+            .collect())
+    }
+
+    /// Every pack in storage with its time by the storage's clock.
+    pub fn list_packs_modified(&self) -> Result<Vec<(PackId, std::time::SystemTime)>> {
+        Ok(self
+            .storage
+            .list_modified("data")?
+            .into_iter()
+            .filter_map(|(n, t)| Some((n.rsplit('/').next()?.parse().ok()?, t)))
             .collect())
     }
 

@@ -1,115 +1,647 @@
-//! Backup sessions: a small immutable file a backup writes before it reads the index and
-//! removes when it ends, so that prune knows which backups may build on blobs it wants to
-//! delete. A session file is not a lock: nothing ever waits for one. A crashed backup's
-//! file only postpones deletions until it is older than [`STALE_AFTER`].
+//! Sessions: how prune learns which backups, copies, repairs and other prunes are running,
+//! without a lock and without trusting any host's clock.
+//!
+//! A session is a small sealed file in `sessions/` that its process writes again every
+//! heartbeat interval (a new file; the one before the last is then deleted, so a listing
+//! that takes less than an interval always sees one of the last two). Whether a session
+//! is alive is judged by the **storage's** timestamps: the age of its newest file,
+//! measured against the judge's own newest file. No host's clock is compared with
+//! another's. A session also records the trash generation it has observed (see
+//! [`crate::trash`]): prune deletes a pack condemned in generation `g` only when every
+//! live session has observed `g`. The argument is in `docs/ARCHITECTURE.md`.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime};
 
-use cairn_storage::Storage;
+use cairn_storage::{Storage, StorageError};
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::crypto::MasterKey;
+use crate::error::{Error, Result};
 use crate::repo::Repository;
 
-/// A session this old is treated as ended: its backup crashed. A backup that runs longer
-/// checks, before committing, that every pack it builds on still exists.
-pub const STALE_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_hours(24);
+/// How often a session writes its file, unless `CAIRN_HEARTBEAT_SECS` says otherwise.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(300);
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SessionInfo {
-    pub started: jiff::Timestamp,
-    pub host: String,
-    pub pid: u32,
+/// A session whose newest file is this many of its own intervals old (storage time) is
+/// taken for crashed.
+pub const MISSED_BEATS: u32 = 4;
+
+/// Session files without a heartbeat (unreadable ones, or written by cairn before
+/// heartbeats) end after this much storage time.
+const UNKNOWN_STALE_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SessionKind {
+    /// Adds data and snapshots: backup, copy.
+    Backup,
+    /// Condemns or deletes: prune, repair. One at a time.
+    Maintenance,
 }
 
-/// A registered session; removed from storage when finished or dropped.
+/// What a session file says.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SessionInfo {
+    /// Random, the same in every file of one session.
+    pub id: String,
+    pub kind: SessionKind,
+    pub host: String,
+    /// `/proc/sys/kernel/random/boot_id` and the pid namespace (`/proc/self/ns/pid`):
+    /// together they tell whether `pid` is a process a judge on this machine, in this
+    /// boot and container, can look up.
+    pub boot_id: Option<String>,
+    #[serde(default)]
+    pub pid_ns: Option<String>,
+    pub pid: u32,
+    /// The process's start time in clock ticks since boot (`/proc/PID/stat`), so a reused
+    /// pid is not taken for the session's process.
+    pub process_start: Option<u64>,
+    /// By the host's clock: shown to people, never compared.
+    pub started: jiff::Timestamp,
+    pub seq: u64,
+    pub heartbeat_secs: u64,
+    /// The trash generation this session has read and honours; `None` until it has.
+    pub observed: Option<u64>,
+    /// Written when the session stopped without finishing (an error, Ctrl-C): it has
+    /// ended, and it may have left packs in no index for the next backup to adopt.
+    #[serde(default)]
+    pub stopped: bool,
+}
+
+impl SessionInfo {
+    /// Storage time after which a silent session is taken for crashed.
+    pub fn stale_after(&self) -> Duration {
+        Duration::from_secs(self.heartbeat_secs.max(1)) * MISSED_BEATS
+    }
+
+    pub fn describe(&self) -> String {
+        let what = match self.kind {
+            SessionKind::Backup => "backup",
+            SessionKind::Maintenance => "prune or repair",
+        };
+        format!(
+            "{what} on {} (pid {}, started {})",
+            self.host,
+            self.pid,
+            self.started.strftime("%Y-%m-%d %H:%M:%S UTC")
+        )
+    }
+}
+
+/// One session as a listing shows it: its files and the newest one's content and time.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    pub files: Vec<String>,
+    /// `None` when no file of it could be read (damaged, or another key's).
+    pub info: Option<SessionInfo>,
+    /// The newest file's time, by the storage's clock.
+    pub beat: SystemTime,
+}
+
+/// Whether a session counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Standing {
+    Live,
+    /// It ended without removing its files; why.
+    Ended(String),
+}
+
+/// The machine (boot and pid namespace) a judge runs on, to recognise its own dead
+/// processes. Host names are not used: `--host` may name another machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    pub boot_id: Option<String>,
+    pub pid_ns: Option<String>,
+}
+
+impl Host {
+    pub fn this() -> Host {
+        Host {
+            boot_id: boot_id(),
+            pid_ns: pid_namespace(),
+        }
+    }
+}
+
+impl SessionView {
+    /// Live, or ended and why: stopped, a dead process of this very machine, or no new
+    /// file for [`MISSED_BEATS`] intervals by the storage's clock (`now` is the time the
+    /// storage gave the judge's own newest file).
+    pub fn standing(&self, now: SystemTime, here: &Host) -> Standing {
+        judge(self.info.as_ref(), self.beat, now, here, process_alive)
+    }
+}
+
+/// [`SessionView::standing`] with the process check passed in (the simulation has no
+/// processes).
+pub fn judge(
+    info: Option<&SessionInfo>,
+    beat: SystemTime,
+    now: SystemTime,
+    here: &Host,
+    alive: impl Fn(u32, Option<u64>) -> bool,
+) -> Standing {
+    // A newest file younger than the judge's own counts as fresh.
+    let age = now.duration_since(beat).unwrap_or_default();
+    let Some(info) = info else {
+        if age > UNKNOWN_STALE_AFTER {
+            return Standing::Ended(format!("unreadable, and untouched for {}", human(age)));
+        }
+        return Standing::Live;
+    };
+    if info.stopped {
+        return Standing::Ended("it stopped before finishing".into());
+    }
+    let same_machine = info.boot_id.is_some()
+        && info.pid_ns.is_some()
+        && info.boot_id == here.boot_id
+        && info.pid_ns == here.pid_ns;
+    if same_machine && !alive(info.pid, info.process_start) {
+        return Standing::Ended(format!("its process {} is gone", info.pid));
+    }
+    if age > info.stale_after() {
+        return Standing::Ended(format!(
+            "no heartbeat for {} by the storage's clock",
+            human(age)
+        ));
+    }
+    Standing::Live
+}
+
+fn human(d: Duration) -> String {
+    let d = jiff::SignedDuration::from_secs(d.as_secs() as i64);
+    format!("{d:#}")
+}
+
+/// Every session in the repository, its files grouped by session id. Files deleted
+/// while being read (a heartbeat replacing them) are skipped.
+pub fn list(repo: &Repository) -> Result<Vec<SessionView>> {
+    list_in(repo.storage().as_ref(), repo.key())
+}
+
+fn list_in(storage: &dyn Storage, key: &MasterKey) -> Result<Vec<SessionView>> {
+    let mut by_id: BTreeMap<String, (SessionView, u64)> = BTreeMap::new();
+    let mut unreadable = Vec::new();
+    for (name, time) in storage.list_modified("sessions")? {
+        let info = match storage.read(&name) {
+            Ok(bytes) => crate::object::open(key, &bytes)
+                .ok()
+                .and_then(|j| serde_json::from_slice::<SessionInfo>(&j).ok()),
+            Err(StorageError::NotFound { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let Some(info) = info else {
+            unreadable.push(SessionView {
+                files: vec![name],
+                info: None,
+                beat: time,
+            });
+            continue;
+        };
+        let seq = info.seq;
+        let entry = by_id.entry(info.id.clone()).or_insert_with(|| {
+            (
+                SessionView {
+                    files: Vec::new(),
+                    info: None,
+                    beat: time,
+                },
+                0,
+            )
+        });
+        entry.0.files.push(name);
+        if entry.0.info.is_none() || seq >= entry.1 || info.stopped {
+            entry.0.info = Some(info);
+            entry.1 = seq;
+        }
+        entry.0.beat = entry.0.beat.max(time);
+    }
+    let mut out: Vec<SessionView> = by_id.into_values().map(|(v, _)| v).collect();
+    out.extend(unreadable);
+    Ok(out)
+}
+
+/// The other sessions and how they stand, judged against this session's newest file.
+pub struct Survey {
+    /// The storage's time of this session's newest file: "now" by the storage's clock.
+    pub now: SystemTime,
+    pub others: Vec<(SessionView, Standing)>,
+}
+
+impl Survey {
+    pub fn live(&self) -> impl Iterator<Item = &SessionView> {
+        self.others
+            .iter()
+            .filter(|(_, s)| *s == Standing::Live)
+            .map(|(v, _)| v)
+    }
+
+    pub fn ended(&self) -> impl Iterator<Item = (&SessionView, &str)> {
+        self.others.iter().filter_map(|(v, s)| match s {
+            Standing::Ended(why) => Some((v, why.as_str())),
+            Standing::Live => None,
+        })
+    }
+}
+
+/// A registered session of this process: it keeps writing its file until finished.
 pub struct Session {
+    shared: Arc<Shared>,
+    beater: Option<JoinHandle<()>>,
+}
+
+struct Shared {
     storage: Arc<dyn Storage>,
-    name: Option<String>,
-    pub info: SessionInfo,
+    key: Arc<MasterKey>,
+    interval: Duration,
+    state: Mutex<State>,
+    wake: Condvar,
+}
+
+struct State {
+    info: SessionInfo,
+    /// This session's files, oldest first; at most the last two are kept.
+    files: Vec<String>,
+    /// Boot time (which counts suspend, unlike a monotonic clock) when the last
+    /// successful write began.
+    last_ok: Duration,
+    /// Whether this session ever went silent long enough that a prune may have taken it
+    /// for crashed: from then on it cannot rely on its observed generation.
+    lost: bool,
+    stop: bool,
 }
 
 impl Session {
-    pub fn start(repo: &Repository, host: &str) -> Result<Self> {
+    /// Writes the first file and starts the heartbeat.
+    pub fn start(repo: &Repository, kind: SessionKind, host: &str) -> Result<Session> {
+        let interval = heartbeat_interval();
         let info = SessionInfo {
-            started: jiff::Timestamp::now(),
+            id: hex::encode(rand::random::<[u8; 16]>()),
+            kind,
             host: host.to_string(),
+            boot_id: boot_id(),
+            pid_ns: pid_namespace(),
             pid: std::process::id(),
+            process_start: process_start(std::process::id()),
+            started: jiff::Timestamp::now(),
+            seq: 0,
+            heartbeat_secs: interval.as_secs().max(1),
+            observed: None,
+            stopped: false,
         };
-        let json = serde_json::to_vec(&info).expect("a session serializes");
-        let bytes = crate::object::seal(repo.key(), &json);
-        let name = format!("sessions/{}", blake3::hash(&bytes).to_hex());
-        repo.storage().write(&name, &bytes)?;
-        Ok(Session {
+        let shared = Arc::new(Shared {
             storage: Arc::clone(repo.storage()),
-            name: Some(name),
-            info,
+            key: Arc::clone(repo.key()),
+            interval,
+            state: Mutex::new(State {
+                info,
+                files: Vec::new(),
+                last_ok: boot_time(),
+                lost: false,
+                stop: false,
+            }),
+            wake: Condvar::new(),
+        });
+        shared.beat()?;
+        let beater = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("cairn-heartbeat".into())
+                .spawn(move || shared.run())
+                .map_err(|e| Error::io("a thread for the session's heartbeat", e))?
+        };
+        Ok(Session {
+            shared,
+            beater: Some(beater),
         })
     }
 
-    /// How long ago the session started.
-    pub fn age(&self) -> jiff::SignedDuration {
-        jiff::Timestamp::now().duration_since(self.info.started)
+    /// A prune's or repair's session: refused, with the other one named, while another
+    /// maintenance session is live, so that trash generations only grow.
+    pub fn start_maintenance(repo: &Repository, host: &str, here: &Host) -> Result<Session> {
+        let session = Session::start(repo, SessionKind::Maintenance, host)?;
+        let survey = session.survey(repo, here)?;
+        let other = survey
+            .live()
+            .filter_map(|v| v.info.as_ref())
+            .find(|i| i.kind == SessionKind::Maintenance)
+            .cloned();
+        if let Some(other) = other {
+            session.finish()?;
+            return Err(Error::InvalidInput(format!(
+                "another prune is running: {}. Only one prune or repair runs at a time; run \
+                 this one when that has finished (if it crashed, its session ends after {} \
+                 without a heartbeat, or at once on its own machine)",
+                other.describe(),
+                human(other.stale_after())
+            )));
+        }
+        Ok(session)
     }
 
-    pub fn finish(mut self) -> Result<()> {
-        self.remove()
+    pub fn info(&self) -> SessionInfo {
+        self.shared.lock().info.clone()
     }
 
-    fn remove(&mut self) -> Result<()> {
-        if let Some(name) = self.name.take() {
-            match self.storage.delete(&name) {
-                Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
+    /// Records that this session has read trash generation `observed` (`None`: it could
+    /// not read every trash file) and writes a file saying so at once.
+    pub fn observe(&self, observed: Option<u64>) -> Result<()> {
+        self.shared.lock().info.observed = observed;
+        self.shared.beat()
+    }
+
+    /// Writes a file now: afterwards the session is fresh for a while.
+    pub fn beat(&self) -> Result<()> {
+        self.shared.beat()
+    }
+
+    /// Whether, since it started, this session was ever silent long enough
+    /// ([`lost_after`](Self::lost_after)) that a prune may have judged it ended. A lost session re-checks everything it relies on before it commits.
+    pub fn lost(&self) -> bool {
+        let mut state = self.shared.lock();
+        if boot_time().saturating_sub(state.last_ok) >= self.shared.lost_after() {
+            state.lost = true;
+        }
+        state.lost
+    }
+
+    /// Silence after which this session counts as lost: well inside the
+    /// [`MISSED_BEATS`] intervals of storage time after which others judge it ended.
+    pub fn lost_after(&self) -> Duration {
+        self.shared.lost_after()
+    }
+
+    /// Sessions other than this one, judged by the storage's time of this session's
+    /// newest file: write a file first ([`beat`](Self::beat)) for an up-to-date judge.
+    pub fn survey(&self, repo: &Repository, here: &Host) -> Result<Survey> {
+        let mine = self.info().id;
+        // A listing may miss a file being replaced; ours is among the last two, so a
+        // second listing finds it.
+        for _ in 0..3 {
+            let views = list(repo)?;
+            let own = views
+                .iter()
+                .find(|v| v.info.as_ref().is_some_and(|i| i.id == mine))
+                .map(|v| v.beat);
+            if let Some(now) = own {
+                let others = views
+                    .into_iter()
+                    .filter(|v| v.info.as_ref().is_none_or(|i| i.id != mine))
+                    .map(|v| {
+                        let standing = v.standing(now, here);
+                        (v, standing)
+                    })
+                    .collect();
+                return Ok(Survey { now, others });
             }
+            self.beat()?;
+        }
+        Err(Error::InvalidInput(format!(
+            "This process's own session file is missing from {}/sessions: another process \
+             may be deleting session files. Run the command again",
+            repo.storage().location()
+        )))
+    }
+
+    /// Ends the session: stops the heartbeat and deletes its files.
+    pub fn finish(mut self) -> Result<()> {
+        self.stop();
+        let files = std::mem::take(&mut self.shared.lock().files);
+        for name in files {
+            delete_quietly(self.shared.storage.as_ref(), &name)?;
+        }
+        Ok(())
+    }
+
+    fn stop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.wake.notify_all();
+        if let Some(t) = self.beater.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Session {
+    /// Stopped without [`finish`](Session::finish) (an error, Ctrl-C): a last file says
+    /// so, so that others need not wait for the session to go stale, and the next
+    /// backup knows to adopt the packs it may have left in no index.
+    fn drop(&mut self) {
+        if self.beater.is_none() {
+            return;
+        }
+        self.stop();
+        self.shared.lock().info.stopped = true;
+        let _ = self.shared.beat();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One and a half intervals: a listing sees one of the last two files, so a judge
+    /// sees a file at most two intervals older than the newest, and three and a half
+    /// stay below the [`MISSED_BEATS`] after which it judges the session ended.
+    fn lost_after(&self) -> Duration {
+        self.interval.max(Duration::from_secs(1)) * 3 / 2
+    }
+
+    fn run(&self) {
+        let mut state = self.lock();
+        loop {
+            let (next, timeout) = self
+                .wake
+                .wait_timeout(state, self.interval)
+                .unwrap_or_else(|p| p.into_inner());
+            state = next;
+            if state.stop {
+                return;
+            }
+            if timeout.timed_out() {
+                drop(state);
+                // A failed write is retried at the next interval; `lost` tells whether
+                // the silence grew too long.
+                let _ = self.beat();
+                state = self.lock();
+            }
+        }
+    }
+
+    /// Writes the next file, then deletes the one before the previous.
+    fn beat(&self) -> Result<()> {
+        let (bytes, began) = {
+            let mut state = self.lock();
+            state.info.seq += 1;
+            let json = serde_json::to_vec(&state.info).expect("a session serializes");
+            (crate::object::seal(&self.key, &json), boot_time())
+        };
+        let name = format!("sessions/{}", blake3::hash(&bytes).to_hex());
+        self.storage.write(&name, &bytes)?;
+        let old = {
+            let mut state = self.lock();
+            if began.saturating_sub(state.last_ok) >= self.lost_after() {
+                state.lost = true;
+            }
+            state.last_ok = began;
+            state.files.push(name);
+            let excess = state.files.len().saturating_sub(2);
+            state.files.drain(..excess).collect::<Vec<_>>()
+        };
+        for name in old {
+            delete_quietly(self.storage.as_ref(), &name)?;
         }
         Ok(())
     }
 }
 
-impl Drop for Session {
-    fn drop(&mut self) {
-        let _ = self.remove();
+fn delete_quietly(storage: &dyn Storage, name: &str) -> Result<()> {
+    match storage.delete(name) {
+        Ok(()) | Err(StorageError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
     }
 }
 
-/// Sessions registered in the repository: (storage name, info). A session file that
-/// cannot be read counts as one that started at the epoch's end of time, i.e. as active
-/// until someone removes it, because it might be.
-pub fn list(repo: &Repository) -> Result<Vec<(String, Option<SessionInfo>)>> {
-    let mut out = Vec::new();
-    for name in repo.storage().list("sessions")? {
-        let info = repo
-            .storage()
-            .read(&name)
-            .ok()
-            .and_then(|b| crate::object::open(repo.key(), &b).ok())
-            .and_then(|j| serde_json::from_slice(&j).ok());
-        out.push((name, info));
-    }
-    Ok(out)
-}
-
-/// Before a long-running writer commits a snapshot: prune may have taken its session for
-/// a crashed one (older than [`STALE_AFTER`]), so make sure every pack its dedup
-/// decisions relied on still exists.
-pub fn confirm_reused_packs(
-    repo: &Repository,
-    session: &Session,
-    reused: &std::collections::HashSet<crate::id::PackId>,
-) -> Result<()> {
-    if session.age() <= STALE_AFTER / 2 {
-        return Ok(());
-    }
-    for pack in reused {
-        if !repo.storage().exists(&pack.storage_name())? {
-            return Err(crate::error::Error::InvalidInput(format!(
-                "This run took {:#}, and pack {} that it builds on was deleted by a prune \
-                 meanwhile; no snapshot was written. Run it again (it reuses what was uploaded)",
-                session.age(),
-                pack.storage_name()
-            )));
-        }
+/// Deletes the files of sessions that ended without doing so.
+pub fn remove(repo: &Repository, view: &SessionView) -> Result<()> {
+    for name in &view.files {
+        delete_quietly(repo.storage().as_ref(), name)?;
     }
     Ok(())
+}
+
+fn heartbeat_interval() -> Duration {
+    std::env::var("CAIRN_HEARTBEAT_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .map_or(DEFAULT_HEARTBEAT, Duration::from_secs)
+}
+
+/// Time since boot, suspend included.
+pub fn boot_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to the valid pointer it is given.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } == 0;
+    if !ok {
+        return Duration::ZERO;
+    }
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// This machine's host name, for session files of commands that take no `--host`.
+pub fn local_host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+fn pid_namespace() -> Option<String> {
+    std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned())
+}
+
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// Field 22 of `/proc/PID/stat`: the process's start time in ticks since boot.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces.
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether process `pid` of this boot still runs and is the one that started at `start`.
+pub fn process_alive(pid: u32, start: Option<u64>) -> bool {
+    match (process_start(pid), start) {
+        (None, _) => std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        (Some(now), Some(then)) => now == then,
+        (Some(_), None) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(host: &str, boot: &str, pid: u32, beat_secs: u64) -> SessionInfo {
+        SessionInfo {
+            id: "a".into(),
+            kind: SessionKind::Backup,
+            host: host.into(),
+            boot_id: Some(boot.into()),
+            pid_ns: Some("ns".into()),
+            pid,
+            process_start: Some(7),
+            started: jiff::Timestamp::UNIX_EPOCH,
+            seq: 1,
+            heartbeat_secs: beat_secs,
+            observed: None,
+            stopped: false,
+        }
+    }
+
+    #[test]
+    fn a_session_is_judged_by_storage_time_and_by_its_process_on_this_machine() {
+        let here = Host {
+            boot_id: Some("b".into()),
+            pid_ns: Some("ns".into()),
+        };
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let at = |s| t0 + Duration::from_secs(s);
+        let alive = |_: u32, _: Option<u64>| true;
+        let dead = |_: u32, _: Option<u64>| false;
+        let s = info("h", "other-boot", 5, 10);
+        assert_eq!(judge(Some(&s), t0, at(40), &here, dead), Standing::Live);
+        assert!(matches!(
+            judge(Some(&s), t0, at(41), &here, alive),
+            Standing::Ended(_)
+        ));
+        // Newer than the judge's own file: fresh, not an error.
+        assert_eq!(judge(Some(&s), at(50), t0, &here, alive), Standing::Live);
+        let mine = info("h", "b", 5, 10);
+        assert_eq!(judge(Some(&mine), t0, t0, &here, alive), Standing::Live);
+        assert!(matches!(
+            judge(Some(&mine), t0, t0, &here, dead),
+            Standing::Ended(why) if why.contains("process 5")
+        ));
+        // Another container of the same boot: its pids are not ours to look up.
+        let mut container = info("h", "b", 5, 10);
+        container.pid_ns = Some("other-ns".into());
+        assert_eq!(judge(Some(&container), t0, t0, &here, dead), Standing::Live);
+        let mut stopped = info("h", "other-boot", 5, 10);
+        stopped.stopped = true;
+        assert!(matches!(
+            judge(Some(&stopped), t0, t0, &here, alive),
+            Standing::Ended(_)
+        ));
+        assert_eq!(judge(None, t0, at(3600), &here, dead), Standing::Live);
+        assert!(matches!(
+            judge(None, t0, at(25 * 3600), &here, dead),
+            Standing::Ended(_)
+        ));
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_reused_pid_is_not() {
+        let me = std::process::id();
+        let start = process_start(me);
+        assert!(start.is_some());
+        assert!(process_alive(me, start));
+        assert!(!process_alive(me, start.map(|s| s + 1)));
+        assert!(!process_alive(u32::MAX - 1, None));
+    }
 }

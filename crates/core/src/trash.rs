@@ -1,34 +1,68 @@
-//! Trash files: prune's condemnation of packs, the first phase of two-phase deletion.
+//! Trash files: condemned packs, the first phase of two-phase deletion, numbered by
+//! generations.
 //!
-//! `trash/<id>` lists packs that no snapshot needed when prune looked, each with the time
-//! it was condemned. From then on new backups do not build on blobs that only condemned
-//! packs hold. A later step deletes a condemned pack once every backup session that could
-//! have read the index before the condemnation has ended (see `docs/ARCHITECTURE.md`).
+//! Each trash file has a generation and lists every pack still condemned when it was
+//! written, each with the generation that condemned it: the newest file is the whole
+//! trash, so a reader that sees it knows every pending condemnation up to its
+//! generation, whatever other files a listing missed. From the moment a pack is condemned,
+//! backups that read the trash do not build on blobs that only condemned packs hold. A
+//! pack condemned in generation `g` is deleted only once every live session has observed
+//! `g` (see `docs/ARCHITECTURE.md`). One maintenance session at a time writes trash
+//! files, so generations only grow.
+
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::id::{PackId, RawId};
 use crate::repo::Repository;
 
 /// Trash files are named by the hash of their bytes, like every other file.
 pub type TrashId = crate::id::IndexId;
 
+const VERSION: u32 = 2;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TrashFile {
     pub version: u32,
+    /// Version 1 files have none: generation 0.
+    #[serde(default)]
+    pub generation: u64,
     pub packs: Vec<Condemned>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Condemned {
     pub id: PackId,
+    #[serde(default)]
+    pub generation: u64,
+    /// By the condemning host's clock: shown to people, never compared.
     pub condemned_at: jiff::Timestamp,
 }
 
-impl TrashFile {
-    pub fn new(packs: Vec<Condemned>) -> Self {
-        TrashFile { version: 1, packs }
+/// The trash as one reader saw it.
+#[derive(Debug, Default)]
+pub struct Trash {
+    /// Storage names of the files read.
+    pub files: Vec<String>,
+    /// Condemned pack → the generation that condemned it.
+    pub packs: HashMap<PackId, Condemned>,
+    /// The highest generation seen (0 before the first condemnation).
+    pub generation: u64,
+    /// Files that could not be read: then this reader does not know every condemnation.
+    pub problems: Vec<Error>,
+}
+
+impl Trash {
+    /// The generation whose condemnations this reader knows all of: `None` when a trash
+    /// file could not be read.
+    pub fn observed(&self) -> Option<u64> {
+        self.problems.is_empty().then_some(self.generation)
+    }
+
+    pub fn is_condemned(&self, pack: &PackId) -> bool {
+        self.packs.contains_key(pack)
     }
 }
 
@@ -36,8 +70,53 @@ fn name_of(id: &RawId) -> String {
     format!("trash/{}", hex::encode(id))
 }
 
+/// Reads every trash file. A file that vanishes between the listing and the read was
+/// replaced by a newer one: the listing is taken again (a few times) so that the newer
+/// one is seen.
+pub fn read(repo: &Repository) -> Result<Trash> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut trash = Trash::default();
+        let mut vanished = false;
+        for name in repo.storage().list("trash")? {
+            match read_file(repo, &name) {
+                Ok(file) => {
+                    trash.generation = trash.generation.max(file.generation);
+                    for c in file.packs {
+                        trash.packs.entry(c.id).or_insert(c);
+                    }
+                    trash.files.push(name);
+                }
+                Err(Error::Storage(cairn_storage::StorageError::NotFound { .. }))
+                    if attempt < 4 =>
+                {
+                    vanished = true;
+                    break;
+                }
+                Err(e) => trash.problems.push(e),
+            }
+        }
+        if !vanished {
+            return Ok(trash);
+        }
+    }
+}
+
+fn read_file(repo: &Repository, name: &str) -> Result<TrashFile> {
+    let bytes = repo.storage().read(name)?;
+    repo.check_name(name, &bytes)?;
+    let json = crate::object::open(repo.key(), &bytes).map_err(|r| repo.corrupt(name, r))?;
+    let trash: TrashFile =
+        serde_json::from_slice(&json).map_err(|e| repo.corrupt(name, e.to_string()))?;
+    if trash.version != 1 && trash.version != VERSION {
+        return Err(repo.corrupt(name, format!("unknown trash version {}", trash.version)));
+    }
+    Ok(trash)
+}
+
 /// Writes a trash file; returns its storage name.
-pub fn write(repo: &Repository, trash: &TrashFile) -> Result<String> {
+fn write(repo: &Repository, trash: &TrashFile) -> Result<String> {
     let json = serde_json::to_vec(trash).expect("a trash file serializes");
     let bytes = crate::object::seal(repo.key(), &json);
     let name = name_of(blake3::hash(&bytes).as_bytes());
@@ -48,23 +127,68 @@ pub fn write(repo: &Repository, trash: &TrashFile) -> Result<String> {
     }
 }
 
-/// Every trash file, by storage name; unreadable ones as errors.
-pub fn list(repo: &Repository) -> Result<Vec<(String, Result<TrashFile>)>> {
-    let mut out = Vec::new();
-    for name in repo.storage().list("trash")? {
-        let read = (|| {
-            let bytes = repo.storage().read(&name)?;
-            repo.check_name(&name, &bytes)?;
-            let json =
-                crate::object::open(repo.key(), &bytes).map_err(|r| repo.corrupt(&name, r))?;
-            let trash: TrashFile =
-                serde_json::from_slice(&json).map_err(|e| repo.corrupt(&name, e.to_string()))?;
-            if trash.version != 1 {
-                return Err(repo.corrupt(&name, format!("unknown trash version {}", trash.version)));
+/// Replaces the trash as `trash` holds it with one file of generation `generation`
+/// listing `packs`, then deletes the files it replaces; `trash` then describes the new
+/// file. Only a maintenance session that no other one runs beside calls this.
+pub fn replace(
+    repo: &Repository,
+    trash: &mut Trash,
+    generation: u64,
+    packs: Vec<Condemned>,
+) -> Result<()> {
+    let mut packs = packs;
+    packs.sort_by_key(|c| c.id);
+    let name = write(
+        repo,
+        &TrashFile {
+            version: VERSION,
+            generation,
+            packs: packs.clone(),
+        },
+    )?;
+    for old in &trash.files {
+        if *old != name {
+            match repo.storage().delete(old) {
+                Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
             }
-            Ok(trash)
-        })();
-        out.push((name, read));
+        }
     }
-    Ok(out)
+    trash.files = vec![name];
+    trash.packs = packs.into_iter().map(|c| (c.id, c)).collect();
+    trash.generation = generation;
+    Ok(())
+}
+
+/// Condemns `packs` in a new generation, keeping every pending condemnation. Returns the
+/// new generation.
+pub fn condemn(repo: &Repository, trash: &mut Trash, packs: &[PackId]) -> Result<u64> {
+    let generation = trash.generation + 1;
+    let now = jiff::Timestamp::now();
+    let mut all: Vec<Condemned> = trash.packs.values().copied().collect();
+    for &id in packs {
+        if !trash.packs.contains_key(&id) {
+            all.push(Condemned {
+                id,
+                generation,
+                condemned_at: now,
+            });
+        }
+    }
+    replace(repo, trash, generation, all)?;
+    Ok(generation)
+}
+
+/// [`condemn`] from a fresh read of the trash, refusing when a trash file cannot be read
+/// (its generation, and so the next one, would be unknown).
+pub fn condemn_with_care(repo: &Repository, packs: &[PackId]) -> Result<u64> {
+    let mut trash = read(repo)?;
+    if let Some(e) = trash.problems.first() {
+        return Err(Error::InvalidInput(format!(
+            "Cannot condemn packs: a trash file cannot be read ({}); if it is damaged, \
+             delete it (its packs are then simply kept) and run this again",
+            crate::error::chain(e)
+        )));
+    }
+    condemn(repo, &mut trash, packs)
 }

@@ -347,7 +347,13 @@ impl Storage for LocalStorage {
 impl LocalStorage {
     /// Appends the names of the files below `path` (whose name is `prefix`) to `names`:
     /// objects, or temporary files.
-    fn walk(&self, path: &Path, prefix: &str, wanted: Wanted, names: &mut Vec<String>) -> Result<()> {
+    fn walk(
+        &self,
+        path: &Path,
+        prefix: &str,
+        wanted: Wanted,
+        names: &mut Vec<String>,
+    ) -> Result<()> {
         let list_error = |err: io::Error| self.io_error("list", prefix, err);
         let entries = match fs::read_dir(path) {
             Ok(entries) => entries,

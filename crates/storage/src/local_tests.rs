@@ -81,7 +81,12 @@ fn temporaries_lists_and_deletes_leftover_temporary_files_only() {
     storage.write("data/ab/ab12", b"chunk").unwrap();
     fs::write(storage.root().join("data/ab/.tmp-xyz"), b"half").unwrap();
     fs::write(storage.root().join(".tmp-0a"), b"").unwrap();
-    let mut names: Vec<String> = storage.temporaries().unwrap().into_iter().map(|t| t.0).collect();
+    let mut names: Vec<String> = storage
+        .temporaries()
+        .unwrap()
+        .into_iter()
+        .map(|t| t.0)
+        .collect();
     names.sort();
     assert_eq!(names, [".tmp-0a", "data/ab/.tmp-xyz"]);
     storage.delete_temporary("data/ab/.tmp-xyz").unwrap();

@@ -379,8 +379,15 @@ impl Suite<'_> {
             listed[1].1,
             listed[0].1
         );
-        let empty = self.ok("list_modified of a missing dir", self.storage.list_modified("no-such-dir"));
-        ensure!(self, empty.is_empty(), "a missing directory listed {empty:?}");
+        let empty = self.ok(
+            "list_modified of a missing dir",
+            self.storage.list_modified("no-such-dir"),
+        );
+        ensure!(
+            self,
+            empty.is_empty(),
+            "a missing directory listed {empty:?}"
+        );
     }
 
     fn temporaries_are_only_temporary_names(&mut self) {

@@ -132,6 +132,7 @@ fn run_prune(g: &GlobalArgs, max_unused: f64, dry_run: bool) -> Result<PruneRepo
     let opts = PruneOptions {
         max_unused_percent: max_unused,
         dry_run,
+        host: gethostname::gethostname().to_string_lossy().into_owned(),
     };
     let monitor = Progress::phases(g, "prune");
     let report = prune::prune(&mut repo, &opts, &monitor)?;
@@ -177,10 +178,23 @@ fn print_prune(r: &PruneReport) {
             r.packs_rescued
         );
     }
+    if r.packs_adopted > 0 {
+        println!(
+            "{} packs that an unfinished backup left in no index were indexed",
+            r.packs_adopted
+        );
+    }
     if r.packs_unindexed > 0 {
         println!(
-            "{} packs are in no index (a backup may be writing them); left alone. `cairn repair index` adopts them",
+            "{} packs are in no index: a running backup may be writing them (they are indexed once \
+             older than the grace period), or their header is damaged (see `cairn check`)",
             r.packs_unindexed
+        );
+    }
+    if r.temporaries_deleted > 0 {
+        println!(
+            "{} temporary files of cut writes deleted",
+            r.temporaries_deleted
         );
     }
 }

@@ -154,9 +154,11 @@ fn prune_defers_deletions_while_a_backup_is_running_and_does_them_after() {
     assert!(json_u64(&prune, "packs_deleted") > 0, "{prune}");
     assert_eq!(json_u64(&prune, "packs_deferred"), 0, "{prune}");
     assert!(data_bytes(&env) < before, "the deferred packs are gone now");
-    assert!(
-        env.repo_files("trash").is_empty(),
-        "no condemnation is left over"
+    let (_, check) = check_report(&env, &[]);
+    assert_eq!(
+        json_u64(&check, "packs_condemned"),
+        0,
+        "no condemnation is left over: {check}"
     );
     let out = env.cmd().args(["check", "--read-data"]).output().unwrap();
     assert_success(&out, "check after the deferred prune");
@@ -181,11 +183,24 @@ fn ctrl_c_stops_a_backup_cleanly_leaving_no_session_and_no_snapshot() {
     };
     assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
     assert!(stderr(&out).contains("Interrupted"), "{}", stderr(&out));
+    // The session's last file says it stopped: it defers nothing, and the next backup
+    // adopts the packs it left in no index and removes it.
     assert!(
-        env.repo_files("sessions").is_empty(),
-        "the session file was removed"
+        env.repo_files("sessions").len() <= 1,
+        "one session file at most, saying it stopped"
     );
     assert!(env.snapshots().is_empty(), "no snapshot was written");
     let out = env.cmd().args(["check", "--read-data"]).output().unwrap();
     assert_success(&out, "check after an interrupted backup");
+    let left = data_bytes(&env);
+    let next = env.backup(&[&src], &[]);
+    assert!(
+        env.repo_files("sessions").is_empty(),
+        "the next backup removed the stopped session"
+    );
+    // What the stopped backup uploaded is not uploaded again.
+    assert!(
+        json_u64(&next, "bytes_added") + left < 41_000_000,
+        "{left} bytes were left, and the next backup added: {next}"
+    );
 }

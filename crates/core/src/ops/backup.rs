@@ -26,7 +26,7 @@ use crate::ops::ingest::{self, Context, FileContent, Outcome, Pool, Timings, Wor
 use crate::ops::walk::{Entry, Lookahead};
 use crate::pack::BlobKind;
 use crate::repo::Repository;
-use crate::session::Session;
+use crate::session::{Host, Session, SessionKind};
 use crate::snapshot::{Snapshot, SnapshotSummary};
 use crate::tree::{Node, NodeKind, Tree};
 use crate::writer::WriterReport as Written;
@@ -88,6 +88,13 @@ pub struct BackupStats {
     pub chunks: u64,
     pub chunks_present: u64,
     pub errors: Vec<SourceProblem>,
+    /// Packs the backup had built on that were gone (or condemned, after its session
+    /// went silent) when it came to commit: their blobs were stored again from the
+    /// source.
+    pub packs_replaced: u64,
+    /// Packs that a backup which did not finish had left in no index, adopted by this
+    /// one so that their data need not be uploaded again.
+    pub packs_adopted: u64,
     pub duration_ms: u64,
     /// Time spent in each phase, summed over the threads doing it.
     pub phases_ms: PhaseTimes,
@@ -119,12 +126,31 @@ pub struct BackupReport {
     pub stats: BackupStats,
 }
 
-/// Registers a backup session, then (re)reads the index: from here on, prune will not
-/// delete a pack this backup may build on.
-fn begin(repo: &mut Repository, opts: &BackupOptions) -> Result<Session> {
-    let session = Session::start(repo, &opts.host)?;
-    repo.load_index()?;
-    Ok(session)
+/// Registers a backup session, then (re)reads the trash and the index and records the
+/// trash generation it honours: from here on, prune will not delete a pack this backup
+/// may build on. Packs that unfinished backups left in no index are adopted.
+fn begin(repo: &mut Repository, host: &str) -> Result<(Session, u64)> {
+    let session = Session::start(repo, SessionKind::Backup, host)?;
+    let observed = repo.load_index()?;
+    session.observe(observed)?;
+    let adopted = adopt_after_ended_sessions(repo, &session)?;
+    Ok((session, adopted))
+}
+
+/// A session that ended without finishing may have stored packs after its last index
+/// file: index them, so that this backup builds on them instead of uploading them
+/// again, then remove the ended sessions' files.
+pub(crate) fn adopt_after_ended_sessions(repo: &mut Repository, session: &Session) -> Result<u64> {
+    let survey = session.survey(repo, &Host::this())?;
+    let ended: Vec<_> = survey.ended().map(|(v, _)| v.clone()).collect();
+    if ended.is_empty() {
+        return Ok(0);
+    }
+    let (adopted, _) = repo.adopt_unindexed_packs(|_| true)?;
+    for view in &ended {
+        crate::session::remove(repo, view)?;
+    }
+    Ok(adopted.len() as u64)
 }
 
 /// Backs up `opts.paths`. The repository may be opened without its index; the backup
@@ -136,7 +162,7 @@ pub fn backup(
 ) -> Result<BackupReport> {
     let started = Instant::now();
     let paths = normalize_paths(&opts.paths)?;
-    let session = begin(repo, opts)?;
+    let (session, adopted) = begin(repo, &opts.host)?;
     let display_paths: Vec<String> = paths
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
@@ -151,19 +177,56 @@ pub fn backup(
     };
     let excludes = Excludes::new(&opts.excludes)?;
     let root = SourceDir::build(&paths);
-    let (tree, stats) = run(repo, opts, &excludes, monitor, |a| {
-        a.save_virtual(&root, parent_tree.as_ref())
-    })?;
-    commit(
-        repo,
-        session,
-        tree,
-        stats,
-        parent.map(|p| p.0),
-        display_paths,
-        opts,
-        started,
-    )
+    let mut replaced = 0;
+    let mut rounds = 0;
+    let mut added = BackupStats::default();
+    loop {
+        rounds += 1;
+        let (tree, mut stats) = run(repo, opts, &excludes, monitor, |a| {
+            a.save_virtual(&root, parent_tree.as_ref())
+        })?;
+        added.blobs_added += stats.blobs_added;
+        added.raw_bytes_added += stats.raw_bytes_added;
+        added.bytes_added += stats.bytes_added;
+        (stats.blobs_added, stats.raw_bytes_added, stats.bytes_added) =
+            (added.blobs_added, added.raw_bytes_added, added.bytes_added);
+        stats.packs_replaced = replaced;
+        stats.packs_adopted = adopted;
+        let meta = SnapshotMeta {
+            parent: parent.as_ref().map(|p| p.0),
+            paths: display_paths.clone(),
+        };
+        match commit(repo, &session, tree, stats, meta, opts, started)? {
+            Committed::Done(report) => {
+                session.finish()?;
+                return Ok(report);
+            }
+            // The source is still there: the next round reads what those packs held.
+            Committed::Unsafe(packs) if rounds < MAX_ROUNDS => {
+                replaced += packs.len() as u64;
+                repo.condemn(packs);
+            }
+            Committed::Unsafe(packs) => return Err(unsafe_packs_error(repo, &packs)),
+        }
+    }
+}
+
+/// Rounds of storing again what vanished before a backup gives up: a round after the
+/// first follows packs gone missing during this very backup, which its live session
+/// prevents unless something else deletes them.
+const MAX_ROUNDS: usize = 3;
+
+fn unsafe_packs_error(repo: &Repository, packs: &[PackId]) -> Error {
+    let names: Vec<String> = packs.iter().take(3).map(|p| p.storage_name()).collect();
+    Error::InvalidInput(format!(
+        "{} pack(s) this run builds on are gone from {} or condemned by a prune ({}{}), and \
+         their data could not be stored again; no snapshot was written. Run it again: it \
+         reuses what was uploaded",
+        packs.len(),
+        repo.storage().location(),
+        names.join(", "),
+        if packs.len() > 3 { ", ..." } else { "" }
+    ))
 }
 
 /// Backs up everything `reader` yields as one file named `name` at the root.
@@ -180,9 +243,9 @@ pub fn backup_stdin(
             "--stdin-filename {name:?} must be a plain file name, without '/'"
         )));
     }
-    let session = begin(repo, opts)?;
+    let (session, adopted) = begin(repo, &opts.host)?;
     let excludes = Excludes::new(&[])?;
-    let (tree, stats) = run(repo, opts, &excludes, monitor, |archiver| {
+    let (tree, mut stats) = run(repo, opts, &excludes, monitor, |archiver| {
         let mut buffer = Vec::new();
         let file = ingest::chunk_stream(archiver.ctx, reader, &mut buffer)?
             .map_err(|e| Error::io("<stdin>", e))?;
@@ -212,34 +275,60 @@ pub fn backup_stdin(
         };
         archiver.save_tree(Tree { nodes: vec![node] })
     })?;
-    let paths = vec![format!("/{name}")];
-    commit(repo, session, tree, stats, None, paths, opts, started)
+    stats.packs_adopted = adopted;
+    let meta = SnapshotMeta {
+        parent: None,
+        paths: vec![format!("/{name}")],
+    };
+    match commit(repo, &session, tree, stats, meta, opts, started)? {
+        Committed::Done(report) => {
+            session.finish()?;
+            Ok(report)
+        }
+        // Standard input cannot be read again.
+        Committed::Unsafe(packs) => Err(unsafe_packs_error(repo, &packs)),
+    }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn commit(
-    repo: &mut Repository,
-    session: Session,
-    (tree, mut written): (BlobId, Written),
-    mut stats: BackupStats,
+struct SnapshotMeta {
     parent: Option<SnapshotId>,
     paths: Vec<String>,
+}
+
+enum Committed {
+    Done(BackupReport),
+    /// No snapshot was written: these packs, which the backup built on, are gone (or
+    /// condemned, after its session went silent).
+    Unsafe(Vec<PackId>),
+}
+
+fn commit(
+    repo: &mut Repository,
+    session: &Session,
+    (tree, mut written): (BlobId, Written),
+    mut stats: BackupStats,
+    meta: SnapshotMeta,
     opts: &BackupOptions,
     started: Instant,
-) -> Result<BackupReport> {
+) -> Result<Committed> {
+    let relied = crate::commit::relied_packs(&written);
     // Durability order: packs are stored (finish waited for them), then the index that
     // names them, then the snapshot that relies on both.
     repo.index_written(&mut written)?;
-    crate::session::confirm_reused_packs(repo, &session, &written.reused_packs)?;
+    let checked_at = crate::session::boot_time();
+    let unsafe_packs = crate::commit::check(repo, session, &relied)?;
+    if !unsafe_packs.is_empty() {
+        return Ok(Committed::Unsafe(unsafe_packs));
+    }
     stats.duration_ms = started.elapsed().as_millis() as u64;
     let snapshot = Snapshot {
         time: jiff::Timestamp::now(),
         host: opts.host.clone(),
         username: opts.username.clone(),
-        paths,
+        paths: meta.paths,
         tags: opts.tags.clone(),
         tree,
-        parent,
+        parent: meta.parent,
         program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
         summary: SnapshotSummary {
             files: stats.files_new + stats.files_changed + stats.files_unchanged,
@@ -248,14 +337,17 @@ fn commit(
             bytes_added: stats.bytes_added,
         },
     };
-    let snapshot_id = repo.save_snapshot(&snapshot)?;
-    session.finish()?;
-    Ok(BackupReport {
+    let snapshot_id =
+        match crate::commit::save_snapshot(repo, session, &relied, &snapshot, checked_at)? {
+            Ok(id) => id,
+            Err(unsafe_packs) => return Ok(Committed::Unsafe(unsafe_packs)),
+        };
+    Ok(Committed::Done(BackupReport {
         snapshot_id,
         snapshot,
-        parent,
+        parent: meta.parent,
         stats,
-    })
+    }))
 }
 
 fn find_parent(

@@ -171,15 +171,23 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
             unindexed[0].storage_name()
         ));
     }
-    for (name, info) in crate::session::list(repo)? {
-        let stale = info.as_ref().is_none_or(|s| {
-            jiff::Timestamp::now().duration_since(s.started) > crate::session::STALE_AFTER
-        });
-        if stale {
-            report.notes.push(format!(
-                "{name} is a backup session that is stale or unreadable; it postpones deletions by prune. \
-                 If no backup is running, remove the file"
-            ));
+    // Sessions are not damage: a running command has one, and the files of one that
+    // ended without removing them are removed by the next backup or prune.
+    let here = crate::session::Host::this();
+    let views = crate::session::list(repo)?;
+    if let Some(now) = views.iter().map(|v| v.beat).max() {
+        for view in &views {
+            let what = match &view.info {
+                Some(info) => info.describe(),
+                None => format!("unreadable session file {}", view.files.join(", ")),
+            };
+            let note = match view.standing(now, &here) {
+                crate::session::Standing::Live => format!("session of a {what} is registered (it may be running)"),
+                crate::session::Standing::Ended(why) => format!(
+                    "session of a {what} ended without finishing ({why}); the next backup or prune removes it"
+                ),
+            };
+            report.notes.push(note);
         }
     }
 

@@ -19,7 +19,7 @@ use crate::id::{BlobId, SnapshotId};
 use crate::monitor::Monitor;
 use crate::pack::BlobKind;
 use crate::repo::Repository;
-use crate::session::Session;
+use crate::session::{Session, SessionKind};
 use crate::snapshot::Snapshot;
 use crate::tree::{NodeKind, Tree};
 use crate::writer::BlobWriter;
@@ -63,8 +63,9 @@ pub fn copy(
     monitor: &dyn Monitor,
 ) -> Result<CopyReport> {
     let started = Instant::now();
-    let session = Session::start(dst, &opts.host)?;
-    dst.load_index()?;
+    let session = Session::start(dst, SessionKind::Backup, &opts.host)?;
+    let observed = dst.load_index()?;
+    session.observe(observed)?;
     let mut report = CopyReport {
         shared_ids: src.key().shares_ids_with(dst.key()),
         ..CopyReport::default()
@@ -93,31 +94,54 @@ pub fn copy(
         return Ok(report);
     }
 
-    let (trees, mut written) = {
-        let mut copier = Copier {
-            src,
-            writer: dst.blob_writer(),
-            shared_ids: report.shared_ids,
-            data: HashMap::new(),
-            trees: HashMap::new(),
-            blobs_read: 0,
-            monitor,
-        };
-        let mut trees = Vec::with_capacity(todo.len());
-        for (done, (_, snapshot)) in todo.iter().enumerate() {
-            monitor.progress("snapshots", done as u64, todo.len() as u64);
-            match copier.tree(&snapshot.tree) {
-                Ok(tree) => trees.push(tree),
-                Err(e) => return Err(copier.writer.cause(e)),
+    // A round stores what the destination lacks; a second one follows only if packs the
+    // first built on were gone at commit (then they are treated as absent).
+    let mut rounds = 0;
+    let (trees, written) = loop {
+        rounds += 1;
+        let (trees, mut written) = {
+            let mut copier = Copier {
+                src,
+                writer: dst.blob_writer(),
+                shared_ids: report.shared_ids,
+                data: HashMap::new(),
+                trees: HashMap::new(),
+                blobs_read: 0,
+                monitor,
+            };
+            let mut trees = Vec::with_capacity(todo.len());
+            for (done, (_, snapshot)) in todo.iter().enumerate() {
+                monitor.progress("snapshots", done as u64, todo.len() as u64);
+                match copier.tree(&snapshot.tree) {
+                    Ok(tree) => trees.push(tree),
+                    Err(e) => return Err(copier.writer.cause(e)),
+                }
             }
+            monitor.progress("snapshots", todo.len() as u64, todo.len() as u64);
+            report.blobs_read += copier.blobs_read;
+            (trees, copier.writer.finish()?)
+        };
+        let relied = crate::commit::relied_packs(&written);
+        // Durability order, as in a backup: packs, then the index naming them, then
+        // snapshots.
+        dst.index_written(&mut written)?;
+        let unsafe_packs = crate::commit::check(dst, &session, &relied)?;
+        if unsafe_packs.is_empty() {
+            break (trees, (written, relied));
         }
-        monitor.progress("snapshots", todo.len() as u64, todo.len() as u64);
-        report.blobs_read = copier.blobs_read;
-        (trees, copier.writer.finish()?)
+        if rounds == 3 {
+            return Err(Error::InvalidInput(format!(
+                "{} pack(s) this copy builds on are gone from {} or condemned by a prune, \
+                 e.g. {}; no snapshot was written. Run it again: it reuses what was copied",
+                unsafe_packs.len(),
+                dst.storage().location(),
+                unsafe_packs[0].storage_name()
+            )));
+        }
+        dst.condemn(unsafe_packs);
     };
-    // Durability order, as in a backup: packs, then the index naming them, then snapshots.
-    dst.index_written(&mut written)?;
-    crate::session::confirm_reused_packs(dst, &session, &written.reused_packs)?;
+    let (written, relied) = written;
+    let checked_at = crate::session::boot_time();
     let mut new_ids: HashMap<SnapshotId, SnapshotId> = HashMap::new();
     for ((src_id, snapshot), tree) in todo.into_iter().zip(trees) {
         let copy = Snapshot {
@@ -130,6 +154,21 @@ pub fn copy(
         let id = dst.save_snapshot(&copy)?;
         new_ids.insert(src_id, id);
         report.copied.push((src_id, id));
+    }
+    // Silent since the check for so long that a prune may have taken the session for
+    // crashed: check again, and take the snapshots back if what they need is going.
+    if crate::session::boot_time().saturating_sub(checked_at) >= session.lost_after() {
+        let unsafe_packs = crate::commit::check(dst, &session, &relied)?;
+        if !unsafe_packs.is_empty() {
+            for (_, id) in &report.copied {
+                let _ = dst.storage().delete(&id.storage_name());
+            }
+            return Err(Error::InvalidInput(format!(
+                "this copy was paused long enough for a prune to delete pack {} it builds \
+                 on; its snapshots were taken back. Run it again",
+                unsafe_packs[0].storage_name()
+            )));
+        }
     }
     session.finish()?;
     report.blobs_added = written.blobs_added;

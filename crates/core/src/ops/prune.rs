@@ -1,44 +1,49 @@
 //! `prune`: delete what no snapshot needs, without a lock and without ever deleting data
-//! that a concurrent backup builds on.
+//! that a concurrent backup builds on, whatever the hosts' clocks say.
 //!
-//! 1. Find the blobs every snapshot needs, walking all trees.
-//! 2. Condemn packs: wholly unused ones, and mostly unused ones after copying their
-//!    needed blobs into new packs. Condemnations go into a trash file; from then on new
-//!    backups do not build on blobs only condemned packs hold.
-//! 3. Delete condemned packs that are safe to delete: no snapshot needs a blob that only
+//! 1. Register a maintenance session; refuse if another prune or repair runs.
+//! 2. Find the blobs every snapshot needs, walking all trees. Index the packs that no
+//!    index file names (a killed backup's, a crashed repack's), once they are older than
+//!    the grace period by the storage's clock, or at once when no backup runs.
+//! 3. Condemn packs in a new trash generation: wholly unused ones, and mostly unused
+//!    ones after copying their needed blobs into new packs. From then on new backups do
+//!    not build on blobs only condemned packs hold.
+//! 4. Delete condemned packs that are safe to delete: no snapshot needs a blob that only
 //!    they hold (snapshots are listed again, after the sessions, to see backups that just
-//!    finished), and no backup session that could have read the index before the
-//!    condemnation is still running. The rest wait for a later prune.
-//! 4. Write one index file for what remains, then delete the index files it replaces,
-//!    then the packs, then the processed trash files.
+//!    finished), and every live session has observed the generation that condemned them.
+//!    The rest wait for a later prune.
+//! 5. Write one index file for what remains, then delete the index files it replaces,
+//!    then the packs, then rewrite the trash; remove old temporary files and the files of
+//!    sessions that ended without doing so.
 //!
 //! The argument for why this is safe is in `docs/ARCHITECTURE.md`.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
-use jiff::{SignedDuration, Timestamp};
 use serde::Serialize;
 
 use crate::error::{chain, Error, Result};
-use crate::id::{BlobId, PackId, SnapshotId};
+use crate::id::{BlobId, IndexId, PackId, SnapshotId};
 use crate::index::IndexedPack;
 use crate::monitor::Monitor;
 use crate::pack::PackEntry;
 use crate::repo::Repository;
-use crate::session::{self, STALE_AFTER};
-use crate::trash::{self, Condemned, TrashFile};
+use crate::session::{self, Host, Session};
+use crate::trash::{self, Condemned};
 use crate::tree::NodeKind;
 
-/// Clocks of different hosts may disagree by this much; a session that started up to
-/// this long after a condemnation still counts as having started before it.
-const CLOCK_SKEW: SignedDuration = SignedDuration::from_mins(5);
+/// Packs in no index file and temporary files younger than this (by the storage's
+/// clock) may belong to a backup that is still writing; `CAIRN_GRACE_SECS` overrides.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(24 * 3600);
 
 #[derive(Debug, Clone)]
 pub struct PruneOptions {
     /// Repack packs with more than this percentage of unused bytes.
     pub max_unused_percent: f64,
     pub dry_run: bool,
+    /// Host name recorded in the prune's session file.
+    pub host: String,
 }
 
 impl Default for PruneOptions {
@@ -46,6 +51,7 @@ impl Default for PruneOptions {
         PruneOptions {
             max_unused_percent: 5.0,
             dry_run: false,
+            host: "localhost".into(),
         }
     }
 }
@@ -67,15 +73,30 @@ pub struct PruneReport {
     pub bytes_freed: u64,
     /// Condemned packs left for a later prune because a backup may still build on them.
     pub packs_deferred: u64,
-    /// Sessions that deferred deletions: host, start time.
+    /// Sessions that deferred deletions.
     pub blocking_sessions: Vec<String>,
     /// Condemned packs that a snapshot turned out to need; they are kept.
     pub packs_rescued: u64,
-    /// Packs in no index file, left alone because a backup was running (they may be
-    /// its own). When none runs, such packs are deleted: a failed backup left them.
+    /// Packs in no index file that this run indexed (left by a backup or repack that did
+    /// not finish); unused ones are condemned like any other.
+    pub packs_adopted: u64,
+    /// Packs in no index file left alone: younger than the grace period while a backup
+    /// runs (they may be its own), or with an unreadable header (see `check`).
     pub packs_unindexed: u64,
     pub index_files_replaced: u64,
+    /// Temporary files of cut writes, older than the grace period, deleted.
+    pub temporaries_deleted: u64,
+    /// Files of sessions that ended without removing them (crashed, stopped), removed.
+    pub sessions_removed: u64,
     pub duration_ms: u64,
+}
+
+/// The grace period for packs in no index and temporary files.
+pub fn grace() -> Duration {
+    std::env::var("CAIRN_GRACE_SECS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(DEFAULT_GRACE, Duration::from_secs)
 }
 
 pub fn prune(
@@ -87,6 +108,12 @@ pub fn prune(
     let mut report = PruneReport {
         dry_run: opts.dry_run,
         ..PruneReport::default()
+    };
+    let here = Host::this();
+    // A dry run changes nothing, so it needs no session.
+    let session = match opts.dry_run {
+        true => None,
+        false => Some(Session::start_maintenance(repo, &opts.host, &here)?),
     };
 
     // 1. What the snapshots need. Snapshots are listed before the index is read: a
@@ -103,14 +130,15 @@ pub fn prune(
         })?;
         index_files.push((id, file));
     }
-    let mut trash_files = Vec::new();
-    for (name, file) in trash::list(repo)? {
-        let file =
-            file.map_err(|e| refuse(&e, "a trash file is damaged; remove it and run prune again"))?;
-        trash_files.push((name, file));
+    let mut trash = trash::read(repo)?;
+    if let Some(e) = trash.problems.first() {
+        return Err(refuse(
+            e,
+            "a trash file cannot be read, so which packs are condemned is unknown; \
+             if it is damaged, delete it (its packs are then simply kept) and run prune again",
+        ));
     }
-    let trash_read: Vec<TrashFile> = trash_files.iter().map(|(_, t)| t.clone()).collect();
-    repo.set_index(&trash_read, index_files.iter().map(|(_, f)| f));
+    repo.set_index(&trash, index_files.iter().map(|(_, f)| f));
     let mut used = Used::default();
     for (i, id) in snapshot_ids.iter().enumerate() {
         monitor.progress("snapshots", i as u64, snapshot_ids.len() as u64);
@@ -124,17 +152,31 @@ pub fn prune(
             packs.entry(p.id).or_insert_with(|| p.entries.clone());
         }
     }
-    let stored: HashSet<PackId> = repo.list_packs()?.into_iter().collect();
-    let mut condemned: HashMap<PackId, Timestamp> = HashMap::new();
-    for (_, t) in &trash_files {
-        for c in &t.packs {
-            condemned.entry(c.id).or_insert(c.condemned_at);
+    let stored: HashMap<PackId, SystemTime> = repo.list_packs_modified()?.into_iter().collect();
+    report.packs = stored.len() as u64;
+
+    // Packs in no index: index them once no backup can still be writing them.
+    let mut replaced_files: Vec<IndexId> = index_files.iter().map(|(id, _)| *id).collect();
+    if let Some(session) = &session {
+        let survey = session.survey(repo, &here)?;
+        let backups_running = survey.live().next().is_some();
+        let grace = grace();
+        let old = |p: &PackId| {
+            stored
+                .get(p)
+                .is_some_and(|t| survey.now.duration_since(*t).unwrap_or_default() > grace)
+        };
+        let (adopted, file) =
+            repo.adopt_unindexed_packs(|p| !trash.is_condemned(p) && (!backups_running || old(p)))?;
+        report.packs_adopted = adopted.len() as u64;
+        replaced_files.extend(file);
+        for p in adopted {
+            packs.insert(p.id, p.entries);
         }
     }
-    report.packs = stored.len() as u64;
     report.packs_unindexed = stored
-        .iter()
-        .filter(|p| !packs.contains_key(p) && !condemned.contains_key(p))
+        .keys()
+        .filter(|p| !packs.contains_key(p) && !trash.is_condemned(p))
         .count() as u64;
 
     // 2. Condemn. A needed blob is kept in the one pack the index locates it in (a live
@@ -144,10 +186,7 @@ pub fn prune(
     };
     let mut newly_condemned = Vec::new();
     let mut to_repack: Vec<(PackId, Vec<PackEntry>)> = Vec::new();
-    let mut live: Vec<&PackId> = packs
-        .keys()
-        .filter(|p| !condemned.contains_key(p))
-        .collect();
+    let mut live: Vec<&PackId> = packs.keys().filter(|p| !trash.is_condemned(p)).collect();
     live.sort();
     for pack in live {
         let entries = &packs[pack];
@@ -173,115 +212,99 @@ pub fn prune(
         newly_condemned.push(*pack);
     }
     report.packs_condemned = newly_condemned.len() as u64;
-    if opts.dry_run {
+    let Some(session) = session else {
         report.packs_deleted = newly_condemned.len() as u64
-            + condemned.keys().filter(|p| stored.contains(p)).count() as u64;
+            + trash
+                .packs
+                .keys()
+                .filter(|p| stored.contains_key(p))
+                .count() as u64;
         report.duration_ms = started.elapsed().as_millis() as u64;
         return Ok(report);
-    }
+    };
     if !to_repack.is_empty() {
         repack(repo, &to_repack, monitor)?;
     }
-    let now = Timestamp::now();
-    let mut new_trash = None;
     if !newly_condemned.is_empty() {
-        let file = TrashFile::new(
-            newly_condemned
-                .iter()
-                .map(|&id| Condemned {
-                    id,
-                    condemned_at: now,
-                })
-                .collect(),
-        );
-        new_trash = Some(trash::write(repo, &file)?);
+        trash::condemn(repo, &mut trash, &newly_condemned)?;
         repo.condemn(newly_condemned.iter().copied());
         // Adding the packs again moves blob locations to live copies where there are any.
         for (_, file) in &index_files {
             repo.absorb(&file.packs);
         }
-        for pack in &newly_condemned {
-            condemned.insert(*pack, now);
-        }
     }
 
-    // 3. Which condemned packs may go now. Sessions first, then snapshots again: a backup
-    // that ended after step 1 has removed its session only after writing its snapshot.
-    let sessions = session::list(repo)?;
+    // 3. Which condemned packs may go now. Sessions first (after the trash is written:
+    // a session missing from this listing starts later and reads the new trash), then
+    // snapshots again: a backup that ended after step 1 removed its session only after
+    // writing its snapshot.
+    session.beat()?;
+    let survey = session.survey(repo, &here)?;
+    if session.lost() {
+        return Err(Error::InvalidInput(
+            "This prune was paused (or could not write its session file) for so long that \
+             another prune may have started meanwhile; nothing was deleted. Run it again"
+                .into(),
+        ));
+    }
     let new_snapshots: Vec<SnapshotId> = repo
         .snapshot_ids()?
         .into_iter()
         .filter(|id| !snapshot_ids.contains(id))
         .collect();
     // Index files written since step 1, by backups that may have finished meanwhile.
-    let known: HashSet<_> = index_files.iter().map(|(id, _)| *id).collect();
-    let mut newly_indexed = HashSet::new();
+    let known: HashSet<IndexId> = replaced_files.iter().copied().collect();
     for (id, file) in repo.index_files()? {
         if known.contains(&id) {
             continue;
         }
-        let file = file.map_err(|e| {
-            refuse(
-                &e,
-                "an index file is damaged; run `cairn repair index` first",
-            )
-        })?;
-        newly_indexed.extend(file.packs.iter().map(|p| p.id));
-        repo.absorb(&file.packs);
+        match file {
+            Ok(file) => {
+                for p in &file.packs {
+                    packs.entry(p.id).or_insert_with(|| p.entries.clone());
+                }
+                repo.absorb(&file.packs);
+            }
+            // Only this prune deletes index files, and it has not yet: damage.
+            Err(e) => {
+                return Err(refuse(
+                    &e,
+                    "an index file is damaged; run `cairn repair index` first",
+                ))
+            }
+        }
     }
     for id in &new_snapshots {
         used.add_snapshot(repo, id)?;
     }
-    let active: Vec<&(String, Option<session::SessionInfo>)> = sessions
-        .iter()
-        .filter(|(_, info)| match info {
-            Some(s) => now.duration_since(s.started) < STALE_AFTER,
-            None => true,
-        })
-        .collect();
-    // Packs in no index while no backup runs: left by a backup that failed or was
-    // killed. Nothing can build on them (backups dedup only against indexed blobs).
-    let orphans: Vec<PackId> = if active.is_empty() {
-        stored
-            .iter()
-            .filter(|p| {
-                !packs.contains_key(p) && !condemned.contains_key(p) && !newly_indexed.contains(p)
-            })
-            .copied()
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let live_sessions: Vec<&session::SessionView> = survey.live().collect();
     let mut rescued = HashSet::new();
     let mut deferred = HashSet::new();
     let mut deletable = Vec::new();
-    for (pack, at) in &condemned {
-        let holds_only_copy = packs.get(pack).is_some_and(|entries| {
+    let mut condemned: Vec<&Condemned> = trash.packs.values().collect();
+    condemned.sort_by_key(|c| c.id);
+    for c in condemned {
+        let holds_only_copy = packs.get(&c.id).is_some_and(|entries| {
             entries
                 .iter()
                 .any(|e| used.contains(&e.id) && !repo.index().contains_live(&e.id))
         });
         if holds_only_copy {
-            rescued.insert(*pack);
+            rescued.insert(c.id);
             continue;
         }
-        let blockers: Vec<String> = sessions
+        let blockers: Vec<String> = live_sessions
             .iter()
-            .filter(|(_, info)| match info {
-                Some(s) => {
-                    now.duration_since(s.started) < STALE_AFTER && s.started < *at + CLOCK_SKEW
-                }
-                None => true,
-            })
-            .map(|(name, info)| match info {
-                Some(s) => format!("backup from {} started {} ({name})", s.host, s.started),
-                None => format!("unreadable session file {name}"),
+            .filter(|v| !may_delete(c.generation, v.info.as_ref().and_then(|i| i.observed)))
+            .map(|v| match &v.info {
+                Some(i) => i.describe(),
+                None => format!("unreadable session file {}", v.files.join(", ")),
             })
             .collect();
         if blockers.is_empty() {
-            deletable.push(*pack);
+            deletable.push(c.id);
         } else {
-            deferred.insert(*pack);
+            deferred.insert(c.id);
             for b in blockers {
                 if !report.blocking_sessions.contains(&b) {
                     report.blocking_sessions.push(b);
@@ -304,10 +327,10 @@ pub fn prune(
             })
             .collect();
         repo.write_index(keep)?;
-        for (id, _) in &index_files {
+        for id in &replaced_files {
             delete_quietly(repo, &id.storage_name())?;
         }
-        report.index_files_replaced = index_files.len() as u64;
+        report.index_files_replaced = replaced_files.len() as u64;
         for (i, pack) in deletable.iter().enumerate() {
             monitor.progress("deleting packs", i as u64, deletable.len() as u64);
             let name = pack.storage_name();
@@ -318,35 +341,46 @@ pub fn prune(
             report.packs_deleted += 1;
         }
     }
-    for pack in &orphans {
-        let name = pack.storage_name();
-        if let Ok(size) = repo.storage().size(&name) {
-            report.bytes_freed += size;
-        }
-        delete_quietly(repo, &name)?;
-        report.packs_deleted += 1;
+    if !deleted.is_empty() || !rescued.is_empty() {
+        let remaining: Vec<Condemned> = trash
+            .packs
+            .values()
+            .filter(|c| deferred.contains(&c.id))
+            .copied()
+            .collect();
+        let generation = trash.generation;
+        trash::replace(repo, &mut trash, generation, remaining)?;
     }
-    report.packs_unindexed = report.packs_unindexed.saturating_sub(orphans.len() as u64);
-    let remaining: Vec<Condemned> = condemned
-        .iter()
-        .filter(|(p, _)| deferred.contains(p))
-        .map(|(&id, &condemned_at)| Condemned { id, condemned_at })
-        .collect();
-    // The remaining condemnations go into one new trash file before the files that held
-    // them (those read in step 1 and this run's) are removed.
-    let mut replaced: Vec<String> = trash_files.into_iter().map(|(n, _)| n).collect();
-    replaced.extend(new_trash);
-    let kept = match remaining.is_empty() {
-        true => None,
-        false => Some(trash::write(repo, &TrashFile::new(remaining))?),
-    };
-    for name in replaced {
-        if Some(&name) != kept.as_ref() {
-            delete_quietly(repo, &name)?;
+
+    // 5. What cut writes and ended sessions left behind.
+    let grace = grace();
+    for (name, time) in repo.storage().temporaries()? {
+        if survey.now.duration_since(time).unwrap_or_default() > grace {
+            match repo.storage().delete_temporary(&name) {
+                Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            report.temporaries_deleted += 1;
         }
     }
+    // An ended session's file tells the next backup to adopt what it left in no index;
+    // it stays until no such pack is left.
+    if report.packs_unindexed == 0 {
+        for (view, _) in survey.ended() {
+            session::remove(repo, view)?;
+            report.sessions_removed += 1;
+        }
+    }
+    session.finish()?;
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// Whether a pack condemned in generation `condemned` may be deleted while a session
+/// that has observed generation `observed` is live: only if that session read the trash
+/// with the condemnation in it (then it does not build on the pack).
+pub fn may_delete(condemned: u64, observed: Option<u64>) -> bool {
+    observed.is_some_and(|o| o >= condemned)
 }
 
 fn refuse(e: &Error, what: &str) -> Error {

@@ -47,6 +47,12 @@ pub fn repair_index(
     monitor: &dyn Monitor,
 ) -> Result<IndexRepairReport> {
     let mut report = IndexRepairReport::default();
+    // Index files are replaced and packs condemned: no prune may run meanwhile.
+    let session = crate::session::Session::start_maintenance(
+        repo,
+        &crate::session::local_host_name(),
+        &crate::session::Host::this(),
+    )?;
     let old: Vec<String> = repo.storage().list("index")?;
     let packs = repo.list_packs()?;
     let mut indexed = Vec::with_capacity(packs.len());
@@ -91,18 +97,12 @@ pub fn repair_index(
     repo.load_index()?;
     if !damaged.is_empty() {
         crate::ops::prune::repack(repo, &damaged, monitor)?;
-        let now = jiff::Timestamp::now();
-        let condemned = damaged
-            .iter()
-            .map(|(id, _)| crate::trash::Condemned {
-                id: *id,
-                condemned_at: now,
-            })
-            .collect();
-        crate::trash::write(repo, &crate::trash::TrashFile::new(condemned))?;
+        let damaged: Vec<PackId> = damaged.iter().map(|(id, _)| *id).collect();
+        crate::trash::condemn_with_care(repo, &damaged)?;
         report.packs_condemned = damaged.len() as u64;
         repo.load_index()?;
     }
+    session.finish()?;
     Ok(report)
 }
 

@@ -1,0 +1,112 @@
+//! The commit check: what a backup, copy or repair verifies just before (and, if its
+//! session went silent meanwhile, just after) writing a snapshot, so that no snapshot
+//! relies on a pack that is gone or about to go.
+//!
+//! A writer relies on packs in two ways: blobs it stored itself and blobs it found in
+//! the index (dedup, unchanged files, shared trees). Every such pack must exist. While
+//! its session stayed live, a pack condemned after the session observed the trash
+//! cannot be deleted until the session ends, and the snapshot written before that end
+//! makes prune keep it; so only a session that may have been taken for crashed ("lost")
+//! must also avoid condemned packs. See `docs/ARCHITECTURE.md`.
+
+use std::collections::HashSet;
+
+use crate::error::Result;
+use crate::id::PackId;
+use crate::id::SnapshotId;
+use crate::repo::Repository;
+use crate::session::Session;
+use crate::snapshot::Snapshot;
+
+/// Above this many packs, one listing of `data/` is cheaper than asking for each.
+const LIST_ABOVE: usize = 32;
+
+/// The packs of `relied` that a snapshot may not build on: missing ones, and for a lost
+/// session condemned ones too. Sorted.
+pub fn unsafe_packs(
+    relied: &HashSet<PackId>,
+    exists: impl Fn(&PackId) -> bool,
+    condemned: impl Fn(&PackId) -> bool,
+    lost: bool,
+) -> Vec<PackId> {
+    let mut out: Vec<PackId> = relied
+        .iter()
+        .filter(|p| !exists(p) || (lost && condemned(p)))
+        .copied()
+        .collect();
+    out.sort();
+    out
+}
+
+/// Checks `relied` against the storage (and, for a lost session, a fresh read of the
+/// trash). Returns the packs the writer must not build on; empty when it may commit.
+pub fn check(
+    repo: &Repository,
+    session: &Session,
+    relied: &HashSet<PackId>,
+) -> Result<Vec<PackId>> {
+    let lost = session.lost();
+    if lost {
+        // Live again for prunes from now on; what they did meanwhile is checked below.
+        session.beat()?;
+    }
+    let trash = match lost {
+        true => Some(crate::trash::read(repo)?),
+        false => None,
+    };
+    let stored: Option<HashSet<PackId>> = match relied.len() > LIST_ABOVE {
+        true => Some(repo.list_packs()?.into_iter().collect()),
+        false => None,
+    };
+    let mut missing = HashSet::new();
+    if stored.is_none() {
+        for pack in relied {
+            if !repo.storage().exists(&pack.storage_name())? {
+                missing.insert(*pack);
+            }
+        }
+    }
+    let exists = |p: &PackId| match &stored {
+        Some(s) => s.contains(p),
+        None => !missing.contains(p),
+    };
+    let condemned = |p: &PackId| {
+        trash
+            .as_ref()
+            .is_some_and(|t| t.is_condemned(p) || !t.problems.is_empty())
+    };
+    Ok(unsafe_packs(relied, exists, condemned, lost))
+}
+
+/// Every pack a writer's result relies on: those it stored and those it reused.
+pub fn relied_packs(written: &crate::writer::WriterReport) -> HashSet<PackId> {
+    let mut packs: HashSet<PackId> = written.reused_packs.clone();
+    packs.extend(written.stored.by_pack().packs().copied());
+    packs
+}
+
+/// Writes `snapshot` after [`check`] found nothing unsafe. If the session went silent
+/// between that check and the write, long enough that a prune may have taken it for
+/// crashed, the check runs again; on a problem the snapshot is deleted at once and the
+/// packs returned.
+pub fn save_snapshot(
+    repo: &Repository,
+    session: &Session,
+    relied: &HashSet<PackId>,
+    snapshot: &Snapshot,
+    checked_at: std::time::Duration,
+) -> Result<std::result::Result<SnapshotId, Vec<PackId>>> {
+    let id = repo.save_snapshot(snapshot)?;
+    if crate::session::boot_time().saturating_sub(checked_at) < session.lost_after() {
+        return Ok(Ok(id));
+    }
+    let unsafe_packs = check(repo, session, relied)?;
+    if unsafe_packs.is_empty() {
+        return Ok(Ok(id));
+    }
+    match repo.storage().delete(&id.storage_name()) {
+        Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(Err(unsafe_packs))
+}
