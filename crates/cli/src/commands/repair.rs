@@ -29,8 +29,8 @@ pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
                 }
                 if r.blobs_damaged > 0 {
                     println!(
-                        "Left out {} damaged blobs: `cairn repair snapshots` marks the files that need them, \
-                         and backing those files up again stores them anew",
+                        "Left out {} damaged blobs: `cairn repair snapshots --forget` replaces the snapshots \
+                         that need them by repaired ones, and backing those files up again stores them anew",
                         r.blobs_damaged
                     );
                 }

@@ -526,3 +526,54 @@ fn mark(name: &mut Vec<u8>) {
         name.extend_from_slice(b".damaged");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(second: i64, tags: &[&str], parent: Option<SnapshotId>, tree: u8) -> Snapshot {
+        Snapshot {
+            time: jiff::Timestamp::from_second(second).expect("a valid time"),
+            host: "host".into(),
+            username: "user".into(),
+            paths: vec!["/src".into()],
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            tree: BlobId([tree; 32]),
+            parent,
+            program_version: "test".into(),
+            summary: Default::default(),
+        }
+    }
+
+    fn id(n: u8) -> SnapshotId {
+        SnapshotId::of_bytes(&[n])
+    }
+
+    #[test]
+    fn a_repaired_version_shares_its_originals_time_host_and_paths_and_names_it_parent() {
+        let original = snapshot(100, &["daily"], None, 1);
+        let repaired = snapshot(100, &["daily", REPAIRED_TAG], Some(id(1)), 2);
+        // A later backup whose parent is the original is no repair of it, tag or not.
+        let backup = snapshot(200, &[REPAIRED_TAG], Some(id(1)), 3);
+        let list = vec![(id(1), original), (id(2), repaired), (id(3), backup)];
+        let versions = repaired_versions(&list, &[]);
+        assert_eq!(versions, HashMap::from([(id(1), id(2))]));
+        assert!(
+            repaired_versions(&list, &[id(2)]).is_empty(),
+            "a version whose root is lost keeps nothing"
+        );
+    }
+
+    #[test]
+    fn identical_repaired_copies_are_duplicates_and_the_lowest_id_is_the_version() {
+        let original = snapshot(100, &[], None, 1);
+        let copy = snapshot(100, &[REPAIRED_TAG], Some(id(1)), 2);
+        let (low, high) = (id(2).min(id(3)), id(2).max(id(3)));
+        let list = vec![(id(1), original), (id(2), copy.clone()), (id(3), copy)];
+        assert_eq!(duplicate_repairs(&list), vec![high]);
+        assert_eq!(repaired_versions(&list, &[])[&id(1)], low);
+        // Identical snapshots that no repair wrote are left alone.
+        let twins = snapshot(300, &[], None, 4);
+        assert!(duplicate_repairs(&[(id(4), twins.clone()), (id(5), twins)]).is_empty());
+    }
+}
