@@ -229,6 +229,15 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         .filter(|p| !indexed.contains(p) && !condemned(p))
         .collect();
     unindexed.sort();
+    // Which blobs `repair index` would recover, so that the walk can tell them from blobs
+    // that are lost. Only packs in no index file, usually none or few; not condemned
+    // ones, which `repair index` keeps as they were condemned.
+    let mut adoptable = HashSet::new();
+    for pack in &unindexed {
+        if let Ok(entries) = repo.read_pack_header(pack) {
+            adoptable.extend(entries.iter().map(|e| e.id));
+        }
+    }
     if !unindexed.is_empty() {
         // Not damage: an interrupted or running backup leaves such packs, and no snapshot
         // relies on them (if one did, the walk below reports the blobs it misses).
@@ -238,15 +247,6 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
             unindexed.len(),
             unindexed[0].storage_name()
         ));
-    }
-    // Which blobs `repair index` would recover, so that the walk can tell them from blobs
-    // that are lost. Only packs in no index file, usually none or few; not condemned
-    // ones, which `repair index` keeps as they were condemned.
-    let mut adoptable = HashSet::new();
-    for pack in &unindexed {
-        if let Ok(entries) = repo.read_pack_header(pack) {
-            adoptable.extend(entries.iter().map(|e| e.id));
-        }
     }
     for (name, info) in crate::session::list(repo)? {
         let stale = info.as_ref().is_none_or(|s| {
