@@ -44,6 +44,16 @@ pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
         }
         writeln!(out, "  repair: {}", p.repair)?;
     }
+    if !report.repair_commands.is_empty() {
+        // One command a line, so that it can be copied (or parsed) as it is.
+        writeln!(out, "To repair, run in this order:")?;
+        for c in &report.repair_commands {
+            writeln!(out, "  {c}")?;
+        }
+        if let Some(note) = &report.repair_note {
+            writeln!(out, "{note}")?;
+        }
+    }
     if !g.quiet || code != 0 {
         writeln!(
             out,

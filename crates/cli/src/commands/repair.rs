@@ -16,14 +16,21 @@ pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
             if g.json {
                 output::json(&r)?;
             } else if !g.quiet {
-                println!(
-                    "Indexed {} packs ({} blobs), replacing {} index files",
-                    r.packs_indexed, r.blobs_indexed, r.index_files_replaced
-                );
+                if r.up_to_date {
+                    println!(
+                        "The index already names the {} packs ({} blobs) as they are: nothing to do",
+                        r.packs_indexed, r.blobs_indexed
+                    );
+                } else {
+                    println!(
+                        "Indexed {} packs ({} blobs), replacing {} index files",
+                        r.packs_indexed, r.blobs_indexed, r.index_files_replaced
+                    );
+                }
                 if r.blobs_damaged > 0 {
                     println!(
-                        "Left out {} damaged blobs: `cairn repair snapshots` marks the files that need them, \
-                         and backing those files up again stores them anew",
+                        "Left out {} damaged blobs: `cairn repair snapshots --forget` replaces the snapshots \
+                         that need them by repaired ones, and backing those files up again stores them anew",
                         r.blobs_damaged
                     );
                 }
@@ -49,14 +56,38 @@ pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
                 output::json(&r)?;
             } else if !g.quiet {
                 let verb = if a.dry_run { "would be " } else { "" };
+                let removes = a.forget && !a.dry_run;
                 for id in &r.snapshots_lost {
-                    let fate = if a.forget && !a.dry_run {
+                    let fate = if removes {
                         "removed"
                     } else {
                         "remove it with --forget"
                     };
                     println!(
                         "snapshot {} lost its root directory and cannot be repaired; {fate}",
+                        &id[..8]
+                    );
+                }
+                for (old, new) in &r.snapshots_already_repaired {
+                    let fate = match (a.forget, a.dry_run) {
+                        (true, false) => "removed the damaged original",
+                        (true, true) => "the damaged original would be removed",
+                        (false, _) => "not repaired again; --forget removes the damaged original",
+                    };
+                    println!(
+                        "snapshot {} was already repaired as {}: {fate}",
+                        &old[..8],
+                        &new[..8]
+                    );
+                }
+                for id in &r.snapshots_duplicate {
+                    let fate = if removes {
+                        "removed"
+                    } else {
+                        "--forget removes it"
+                    };
+                    println!(
+                        "snapshot {} is an identical copy of another repaired snapshot; {fate}",
                         &id[..8]
                     );
                 }
@@ -68,14 +99,22 @@ pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
                     };
                     println!("snapshot {} {verb}repaired{new}", &old[..8]);
                 }
-                println!(
-                    "{} snapshots checked, {} {verb}repaired: {} damaged files kept as NAME.damaged, {} unreadable directories emptied{}",
-                    r.snapshots_checked,
-                    r.snapshots_repaired.len(),
-                    r.files_damaged,
-                    r.dirs_damaged,
-                    if r.snapshots_removed > 0 { format!(", {} originals removed", r.snapshots_removed) } else { String::new() }
-                );
+                let would_remove = a.forget
+                    && !(r.snapshots_lost.is_empty()
+                        && r.snapshots_already_repaired.is_empty()
+                        && r.snapshots_duplicate.is_empty());
+                if r.snapshots_repaired.is_empty() && r.snapshots_removed == 0 && !would_remove {
+                    println!("{} snapshots checked: nothing to do", r.snapshots_checked);
+                } else {
+                    println!(
+                        "{} snapshots checked, {} {verb}repaired: {} damaged files kept as NAME.damaged, {} unreadable directories emptied{}",
+                        r.snapshots_checked,
+                        r.snapshots_repaired.len(),
+                        r.files_damaged,
+                        r.dirs_damaged,
+                        if r.snapshots_removed > 0 { format!(", {} snapshots removed", r.snapshots_removed) } else { String::new() }
+                    );
+                }
             }
             Ok(if r.snapshots_lost.is_empty() || a.forget {
                 0

@@ -26,6 +26,7 @@ mod props;
 mod remote;
 mod remote_cluster;
 mod remote_faults;
+mod repair_converge;
 mod restore;
 mod restore_filters;
 mod stats;

@@ -89,11 +89,45 @@ pub struct CheckProblem {
     /// The damaged object, e.g. `data/ab/ab12…` or `blob 1234…`.
     pub object: String,
     pub problem: String,
-    /// The command that repairs it.
+    /// The commands that repair it, in order.
     pub repair: String,
+    #[serde(skip)]
+    pub repair_steps: Vec<RepairStep>,
     pub damaged_paths: u64,
     pub damages: Vec<Damage>,
 }
+
+/// A repair command that check recommends. Whatever the problems, running the steps they
+/// name once each, in this order, leaves a repository that checks clean: the index first,
+/// because `repair snapshots` trusts it to tell which blobs are lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RepairStep {
+    /// Rebuild the index from the pack headers (adopts packs no index file names).
+    Index,
+    /// The same, verifying every blob and copying the intact ones out of damaged packs.
+    IndexReadData,
+    /// Replace each damaged snapshot by its repaired version.
+    SnapshotsForget,
+}
+
+impl RepairStep {
+    pub fn command(self) -> &'static str {
+        match self {
+            RepairStep::Index => "cairn repair index",
+            RepairStep::IndexReadData => "cairn repair index --read-data",
+            RepairStep::SnapshotsForget => "cairn repair snapshots --forget",
+        }
+    }
+}
+
+/// What `repair snapshots --forget` does, for whoever is told to run it.
+pub const FORGET_EXPLAINED: &str =
+    "`cairn repair snapshots --forget` replaces each damaged snapshot \
+     by a repaired one (tag `repaired`) that keeps all its files minus the lost content: a \
+     file that lost data is kept as NAME.damaged with what remains, an unreadable directory \
+     as an empty NAME.damaged; the damaged originals are removed. If the lost files still \
+     exist, a backup run after `cairn repair index` stores their data again and makes the \
+     damaged snapshots whole: run it before `repair snapshots --forget`";
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CheckReport {
@@ -107,34 +141,67 @@ pub struct CheckReport {
     pub blobs_verified: u64,
     pub bytes_read: u64,
     pub problems: Vec<CheckProblem>,
+    /// The repair commands for all the problems, each once, in the order to run them;
+    /// after them, check is clean.
+    pub repair_commands: Vec<String>,
+    /// What the repair commands do to snapshots, when they touch any.
+    pub repair_note: Option<String>,
     /// Things worth knowing that are not damage.
     pub notes: Vec<String>,
     pub duration_ms: u64,
 }
 
 impl CheckReport {
-    fn problem(&mut self, object: String, problem: String, repair: &str) -> usize {
+    fn problem(&mut self, object: String, problem: String, steps: &[RepairStep]) -> usize {
         self.problems.push(CheckProblem {
             object,
             problem,
-            repair: repair.to_string(),
+            repair: String::new(),
+            repair_steps: steps.to_vec(),
             damaged_paths: 0,
             damages: Vec::new(),
         });
         self.problems.len() - 1
     }
-}
 
-const REPAIR_INDEX: &str = "cairn repair index";
-const REPAIR_SNAPSHOTS: &str =
-    "cairn repair snapshots (marks the damaged files; everything else stays restorable)";
+    /// Fills in each problem's repair and the plan for all of them. `lost_known`: problems
+    /// whose lost blobs are all known, so that they need no snapshot repair when no
+    /// snapshot needs those blobs.
+    fn plan(&mut self, lost_known: &HashSet<usize>) {
+        let mut all = Vec::new();
+        for (i, p) in self.problems.iter_mut().enumerate() {
+            if lost_known.contains(&i) && p.damaged_paths == 0 {
+                p.repair_steps.retain(|s| *s != RepairStep::SnapshotsForget);
+            }
+            p.repair = p
+                .repair_steps
+                .iter()
+                .map(|s| s.command())
+                .collect::<Vec<_>>()
+                .join(", then ");
+            all.extend_from_slice(&p.repair_steps);
+        }
+        all.sort();
+        all.dedup();
+        // Verifying the data rebuilds the index as well.
+        if all.contains(&RepairStep::IndexReadData) {
+            all.retain(|s| *s != RepairStep::Index);
+        }
+        self.repair_commands = all.iter().map(|s| s.command().to_string()).collect();
+        if all.contains(&RepairStep::SnapshotsForget) {
+            self.repair_note = Some(FORGET_EXPLAINED.to_string());
+        }
+    }
+}
 
 pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> Result<CheckReport> {
     let started = Instant::now();
     let mut report = CheckReport::default();
     for e in repo.index_problems() {
-        report.problem("index".into(), chain(e), REPAIR_INDEX);
+        report.problem("index".into(), chain(e), &[RepairStep::Index]);
     }
+    // Problems whose lost blobs are all known.
+    let mut lost_known = HashSet::new();
     // Blobs that cannot be read, and the problem each belongs to.
     let mut bad: HashMap<BlobId, usize> = HashMap::new();
 
@@ -150,8 +217,9 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
                 "pack is missing, and with it {} blobs",
                 indexed.blob_count(pack)
             ),
-            &format!("{REPAIR_INDEX}, then {REPAIR_SNAPSHOTS}"),
+            &[RepairStep::Index, RepairStep::SnapshotsForget],
         );
+        lost_known.insert(i);
         bad.extend(indexed.blobs(pack).iter().map(|e| (e.id, i)));
     }
     let condemned = |p: &PackId| repo.index().is_condemned(p);
@@ -161,6 +229,15 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         .filter(|p| !indexed.contains(p) && !condemned(p))
         .collect();
     unindexed.sort();
+    // Which blobs `repair index` would recover, so that the walk can tell them from blobs
+    // that are lost. Only packs in no index file, usually none or few; not condemned
+    // ones, which `repair index` keeps as they were condemned.
+    let mut adoptable = HashSet::new();
+    for pack in &unindexed {
+        if let Ok(entries) = repo.read_pack_header(pack) {
+            adoptable.extend(entries.iter().map(|e| e.id));
+        }
+    }
     if !unindexed.is_empty() {
         // Not damage: an interrupted or running backup leaves such packs, and no snapshot
         // relies on them (if one did, the walk below reports the blobs it misses).
@@ -205,13 +282,17 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         report.blobs_verified += r.blobs_verified;
         if let Some(problem) = r.problem {
             // --read-data keeps every blob that verifies, even from a pack whose header
-            // is gone, and copies them out of the damaged pack.
-            let repair = if r.bad_blobs.is_empty() {
-                format!("{REPAIR_INDEX} --read-data")
+            // is gone, and copies them out of the damaged pack. Unless this pack was read,
+            // which blobs are lost is not known: snapshots may need repair.
+            let steps: &[RepairStep] = if r.read && r.bad_blobs.is_empty() {
+                &[RepairStep::IndexReadData]
             } else {
-                format!("{REPAIR_INDEX} --read-data, then {REPAIR_SNAPSHOTS}")
+                &[RepairStep::IndexReadData, RepairStep::SnapshotsForget]
             };
-            let i = report.problem(r.pack.storage_name(), problem, &repair);
+            let i = report.problem(r.pack.storage_name(), problem, steps);
+            if r.read {
+                lost_known.insert(i);
+            }
             bad.extend(r.bad_blobs.iter().map(|b| (*b, i)));
         }
     }
@@ -220,8 +301,11 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
     for (id, e) in &list.damaged {
         report.problem(
             id.storage_name(),
-            chain(e),
-            "cairn repair snapshots --forget (removes it: it cannot be read)",
+            format!(
+                "{}; it cannot be read, so repairing it removes it",
+                chain(e)
+            ),
+            &[RepairStep::SnapshotsForget],
         );
     }
     report.snapshots = list.snapshots.len() as u64;
@@ -231,7 +315,10 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         clean: BlobSet::new(repo.index()),
         seen_trees: BlobSet::new(repo.index()),
         seen_blobs: BlobSet::new(repo.index()),
+        adoptable,
         unindexed_problem: None,
+        lost_problem: None,
+        damaged: HashSet::new(),
         report: &mut report,
     };
     for (i, (id, snapshot)) in list.snapshots.iter().enumerate() {
@@ -242,10 +329,46 @@ pub fn check(repo: &Repository, opts: &CheckOptions, monitor: &dyn Monitor) -> R
         walker.seen_trees.len() as u64,
         walker.seen_blobs.len() as u64,
     );
+    let damaged = std::mem::take(&mut walker.damaged);
     report.trees = trees;
     report.data_blobs = blobs;
+    repair_notes(&mut report, &list.snapshots, &damaged);
+    report.plan(&lost_known);
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// Notes on what earlier repairs left: damaged snapshots beside their repaired versions,
+/// and identical copies of repaired snapshots.
+fn repair_notes(
+    report: &mut CheckReport,
+    snapshots: &[(SnapshotId, crate::snapshot::Snapshot)],
+    damaged: &HashSet<SnapshotId>,
+) {
+    let versions = crate::ops::repair::repaired_versions(snapshots, &[]);
+    let mut beside: Vec<SnapshotId> = damaged
+        .iter()
+        .filter(|id| versions.contains_key(id))
+        .copied()
+        .collect();
+    beside.sort();
+    if let Some(first) = beside.first() {
+        report.notes.push(format!(
+            "{} damaged snapshot(s), e.g. {}, already have a repaired version (tag `repaired`): \
+             `cairn repair snapshots --forget` removes the damaged originals and repairs nothing twice",
+            beside.len(),
+            first.short()
+        ));
+    }
+    let duplicates = crate::ops::repair::duplicate_repairs(snapshots);
+    if let Some(first) = duplicates.first() {
+        report.notes.push(format!(
+            "{} snapshot(s), e.g. {}, are identical copies of a repaired snapshot, written by \
+             repeated repairs: `cairn repair snapshots --forget` removes the extra copies",
+            duplicates.len(),
+            first.short()
+        ));
+    }
 }
 
 struct PackResult {
@@ -360,12 +483,18 @@ struct Walker<'a> {
     clean: BlobSet<'a>,
     seen_trees: BlobSet<'a>,
     seen_blobs: BlobSet<'a>,
+    /// Blobs in packs that no index file names, which `repair index` adopts.
+    adoptable: HashSet<BlobId>,
     unindexed_problem: Option<usize>,
+    lost_problem: Option<usize>,
+    /// Snapshots with at least one damaged path.
+    damaged: HashSet<SnapshotId>,
     report: &'a mut CheckReport,
 }
 
 impl Walker<'_> {
     fn damage(&mut self, problem: usize, snapshot: &SnapshotId, path: &[u8]) {
+        self.damaged.insert(*snapshot);
         let p = &mut self.report.problems[problem];
         p.damaged_paths += 1;
         if p.damages.len() < MAX_DAMAGES_LISTED {
@@ -388,13 +517,24 @@ impl Walker<'_> {
         if self.repo.index().contains(blob) {
             return None;
         }
-        let i = *self.unindexed_problem.get_or_insert_with(|| {
-            self.report.problem(
-                "index".into(),
-                "blobs that snapshots need are in no index file".into(),
-                &format!("{REPAIR_INDEX}, then {REPAIR_SNAPSHOTS}"),
-            )
-        });
+        let i = if self.adoptable.contains(blob) {
+            *self.unindexed_problem.get_or_insert_with(|| {
+                self.report.problem(
+                    "index".into(),
+                    "blobs that snapshots need are in packs that no index file names".into(),
+                    &[RepairStep::Index],
+                )
+            })
+        } else {
+            *self.lost_problem.get_or_insert_with(|| {
+                self.report.problem(
+                    "data".into(),
+                    "blobs that snapshots need are in no index file and in no pack: they are lost"
+                        .into(),
+                    &[RepairStep::SnapshotsForget],
+                )
+            })
+        };
         self.bad.insert(*blob, i);
         Some(i)
     }
@@ -412,9 +552,13 @@ impl Walker<'_> {
         let tree = match self.repo.read_tree(tree_id) {
             Ok(t) => t,
             Err(e) => {
-                let i = self
-                    .report
-                    .problem(format!("tree {tree_id}"), chain(&e), REPAIR_SNAPSHOTS);
+                // An indexed tree that does not decrypt: its pack is damaged, which only
+                // `check --read-data` reports; repairing the index with it drops the tree.
+                let i = self.report.problem(
+                    format!("tree {tree_id}"),
+                    chain(&e),
+                    &[RepairStep::IndexReadData, RepairStep::SnapshotsForget],
+                );
                 self.bad.insert(*tree_id, i);
                 self.damage(i, snapshot, path);
                 return false;
