@@ -104,6 +104,7 @@ pub fn repair_index(
     report.packs_indexed = indexed.len() as u64;
     if known_complete && damaged.is_empty() && same_packs(&known, &indexed) {
         report.up_to_date = true;
+        session.finish()?;
         return Ok(report);
     }
     let new = repo.write_index(indexed)?.map(|id| id.storage_name());
@@ -249,6 +250,21 @@ pub fn repair_snapshots(
     monitor: &dyn Monitor,
 ) -> Result<SnapshotRepairReport> {
     let mut report = SnapshotRepairReport::default();
+    // New trees go into new packs, like a backup's: a session keeps prune from taking
+    // them for leftovers, and the index is read again after it is registered.
+    let session = match dry_run {
+        true => None,
+        false => {
+            let session = crate::session::Session::start(
+                repo,
+                crate::session::SessionKind::Backup,
+                &crate::session::local_host_name(),
+            )?;
+            let observed = repo.load_index()?;
+            session.observe(observed)?;
+            Some(session)
+        }
+    };
     let stored: HashSet<PackId> = repo.list_packs()?.into_iter().collect();
     let list = repo.snapshots()?;
     let mut repaired: Vec<(SnapshotId, Snapshot, BlobId)> = Vec::new();
@@ -312,7 +328,20 @@ pub fn repair_snapshots(
         }
     };
     if let Some(mut w) = written {
+        let relied = crate::commit::relied_packs(&w);
         repo.index_written(&mut w)?;
+        // The repaired trees' other blobs are their originals', which stay until the
+        // repaired versions are written; the new packs must still be there.
+        if let Some(session) = &session {
+            let unsafe_packs = crate::commit::check(repo, session, &relied)?;
+            if let Some(pack) = unsafe_packs.first() {
+                return Err(crate::error::Error::InvalidInput(format!(
+                    "pack {} that this repair wrote is gone or condemned (was the repository \
+                     pruned while this ran paused?); no snapshot was written. Run it again",
+                    pack.storage_name()
+                )));
+            }
+        }
     }
     // Snapshot files that cannot be read at all are lost the same way.
     lost.extend(list.damaged.iter().map(|(id, _)| *id));
@@ -350,6 +379,9 @@ pub fn repair_snapshots(
         report
             .snapshots_repaired
             .push((old_id.to_hex(), new_id.to_hex()));
+    }
+    if let Some(session) = session {
+        session.finish()?;
     }
     Ok(report)
 }
