@@ -4,7 +4,7 @@
 # OpenSSH server (SFTP), each with its own data, keys and config under DIR; nothing of the
 # system's configuration is touched.
 #
-#   scripts/services.sh install          # garage (cargo install, ~25 min once), openssh-server, fuse3
+#   scripts/services.sh install          # garage (cargo install, ~25 min once), openssh-server, fuse3, faketime
 #   scripts/services.sh start DIR        # writes DIR/env to source: addresses and credentials
 #   scripts/services.sh stop DIR
 #
@@ -52,6 +52,13 @@ install() {
     local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     # A fresh machine may have no package lists yet.
     $sudo apt-get install -y fuse3 >/dev/null || { $sudo apt-get update >/dev/null && $sudo apt-get install -y fuse3 >/dev/null; }
+  fi
+  # The no-loss tests run one cairn process with its clock shifted (hours behind, minutes
+  # ahead) through libfaketime, as a host with a wrong clock would be.
+  if ! dpkg -s libfaketime >/dev/null 2>&1; then
+    echo "== installing faketime"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get install -y faketime >/dev/null || { $sudo apt-get update >/dev/null && $sudo apt-get install -y faketime >/dev/null; }
   fi
 }
 

@@ -19,6 +19,7 @@ mod init;
 mod inspect;
 mod maintenance;
 mod mount;
+mod no_loss;
 mod options;
 mod pipeline;
 mod progress;
