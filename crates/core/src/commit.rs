@@ -40,6 +40,7 @@ pub fn unsafe_packs(
 
 /// Checks `relied` against the storage (and, for a lost session, a fresh read of the
 /// trash). Returns the packs the writer must not build on; empty when it may commit.
+/// Missing packs are recorded in the trash ([`crate::trash::mark_missing`]).
 pub fn check(
     repo: &Repository,
     session: &Session,
@@ -70,6 +71,11 @@ pub fn check(
         Some(s) => s.contains(p),
         None => !missing.contains(p),
     };
+    let gone: Vec<PackId> = relied.iter().filter(|p| !exists(p)).copied().collect();
+    if !gone.is_empty() {
+        // Readers then prefer the copies the writer stores again.
+        crate::trash::mark_missing(repo, &gone)?;
+    }
     let condemned = |p: &PackId| {
         trash
             .as_ref()

@@ -489,7 +489,10 @@ impl Shared {
             }
             state.last_ok = began;
             state.files.push(name);
-            let excess = state.files.len().saturating_sub(2);
+            // A stopped session's last file stands alone: it need not be found among
+            // later ones.
+            let keep = if state.info.stopped { 1 } else { 2 };
+            let excess = state.files.len().saturating_sub(keep);
             state.files.drain(..excess).collect::<Vec<_>>()
         };
         for name in old {

@@ -192,3 +192,30 @@ pub fn condemn_with_care(repo: &Repository, packs: &[PackId]) -> Result<u64> {
     }
     condemn(repo, &mut trash, packs)
 }
+
+/// Records packs found missing (deleted by hand, lost by the storage) as condemned in
+/// generation 0, so that readers locate their blobs in copies stored again and prune drops
+/// them from the index. Any session may write this: generation 0 tells a reader that sees
+/// only this file nothing about other condemnations, and prune deletes such files as
+/// soon as it has read them.
+pub fn mark_missing(repo: &Repository, packs: &[PackId]) -> Result<()> {
+    let now = jiff::Timestamp::now();
+    let mut packs: Vec<Condemned> = packs
+        .iter()
+        .map(|&id| Condemned {
+            id,
+            generation: 0,
+            condemned_at: now,
+        })
+        .collect();
+    packs.sort_by_key(|c| c.id);
+    write(
+        repo,
+        &TrashFile {
+            version: VERSION,
+            generation: 0,
+            packs,
+        },
+    )?;
+    Ok(())
+}

@@ -165,7 +165,7 @@ fn prune_defers_deletions_while_a_backup_is_running_and_does_them_after() {
 }
 
 #[test]
-fn ctrl_c_stops_a_backup_cleanly_leaving_no_session_and_no_snapshot() {
+fn ctrl_c_stops_a_backup_cleanly_leaving_a_stopped_session_and_no_snapshot() {
     let env = TestEnv::with_small_chunk_repo();
     let src = env.path("src");
     write_random_files(&src, 40, 1_000_000, 100);

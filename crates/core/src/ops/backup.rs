@@ -199,7 +199,7 @@ pub fn backup(
         match commit(repo, &session, tree, stats, meta, opts, started)? {
             Committed::Done(report) => {
                 session.finish()?;
-                return Ok(report);
+                return Ok(*report);
             }
             // The source is still there: the next round reads what those packs held.
             Committed::Unsafe(packs) if rounds < MAX_ROUNDS => {
@@ -283,7 +283,7 @@ pub fn backup_stdin(
     match commit(repo, &session, tree, stats, meta, opts, started)? {
         Committed::Done(report) => {
             session.finish()?;
-            Ok(report)
+            Ok(*report)
         }
         // Standard input cannot be read again.
         Committed::Unsafe(packs) => Err(unsafe_packs_error(repo, &packs)),
@@ -296,7 +296,7 @@ struct SnapshotMeta {
 }
 
 enum Committed {
-    Done(BackupReport),
+    Done(Box<BackupReport>),
     /// No snapshot was written: these packs, which the backup built on, are gone (or
     /// condemned, after its session went silent).
     Unsafe(Vec<PackId>),
@@ -342,12 +342,12 @@ fn commit(
             Ok(id) => id,
             Err(unsafe_packs) => return Ok(Committed::Unsafe(unsafe_packs)),
         };
-    Ok(Committed::Done(BackupReport {
+    Ok(Committed::Done(Box::new(BackupReport {
         snapshot_id,
         snapshot,
         parent: meta.parent,
         stats,
-    }))
+    })))
 }
 
 fn find_parent(

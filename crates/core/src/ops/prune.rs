@@ -3,8 +3,8 @@
 //!
 //! 1. Register a maintenance session; refuse if another prune or repair runs.
 //! 2. Find the blobs every snapshot needs, walking all trees. Index the packs that no
-//!    index file names (a killed backup's, a crashed repack's), once they are older than
-//!    the grace period by the storage's clock, or at once when no backup runs.
+//!    index file names (a killed backup's, a crashed repack's) once they are older than
+//!    the grace period by the storage's clock.
 //! 3. Condemn packs in a new trash generation: wholly unused ones, and mostly unused
 //!    ones after copying their needed blobs into new packs. From then on new backups do
 //!    not build on blobs only condemned packs hold.
@@ -80,8 +80,8 @@ pub struct PruneReport {
     /// Packs in no index file that this run indexed (left by a backup or repack that did
     /// not finish); unused ones are condemned like any other.
     pub packs_adopted: u64,
-    /// Packs in no index file left alone: younger than the grace period while a backup
-    /// runs (they may be its own), or with an unreadable header (see `check`).
+    /// Packs in no index file left alone: younger than the grace period (a backup may be
+    /// writing them), or with an unreadable header (see `check`).
     pub packs_unindexed: u64,
     pub index_files_replaced: u64,
     /// Temporary files of cut writes, older than the grace period, deleted.
@@ -155,19 +155,18 @@ pub fn prune(
     let stored: HashMap<PackId, SystemTime> = repo.list_packs_modified()?.into_iter().collect();
     report.packs = stored.len() as u64;
 
-    // Packs in no index: index them once no backup can still be writing them.
+    // Packs in no index: index them once older than the grace period by the storage's
+    // clock (a backup writing them indexes them itself long before).
     let mut replaced_files: Vec<IndexId> = index_files.iter().map(|(id, _)| *id).collect();
     if let Some(session) = &session {
         let survey = session.survey(repo, &here)?;
-        let backups_running = survey.live().next().is_some();
         let grace = grace();
         let old = |p: &PackId| {
             stored
                 .get(p)
                 .is_some_and(|t| survey.now.duration_since(*t).unwrap_or_default() > grace)
         };
-        let (adopted, file) =
-            repo.adopt_unindexed_packs(|p| !trash.is_condemned(p) && (!backups_running || old(p)))?;
+        let (adopted, file) = repo.adopt_unindexed_packs(|p| !trash.is_condemned(p) && old(p))?;
         report.packs_adopted = adopted.len() as u64;
         replaced_files.extend(file);
         for p in adopted {
@@ -284,6 +283,12 @@ pub fn prune(
     let mut condemned: Vec<&Condemned> = trash.packs.values().collect();
     condemned.sort_by_key(|c| c.id);
     for c in condemned {
+        // Already gone (deleted by hand, or by a prune that stopped before rewriting the
+        // trash): nothing to wait for; it leaves the index and the trash.
+        if !stored.contains_key(&c.id) {
+            deletable.push(c.id);
+            continue;
+        }
         let holds_only_copy = packs.get(&c.id).is_some_and(|entries| {
             entries
                 .iter()
