@@ -204,3 +204,40 @@ fn ctrl_c_stops_a_backup_cleanly_leaving_a_stopped_session_and_no_snapshot() {
         "{left} bytes were left, and the next backup added: {next}"
     );
 }
+
+/// Cut writes leave `.tmp-*` files that no listing shows; prune removes those older than
+/// the grace period by the storage's clock (their mtime), and leaves younger ones, which
+/// may be writes in progress.
+#[test]
+fn prune_removes_temporary_files_older_than_the_grace_period_only() {
+    let env = TestEnv::with_small_chunk_repo();
+    let src = env.path("src");
+    write_file(&src.join("a.bin"), &random_bytes(200_000, 1));
+    env.backup(&[&src], &[]);
+    let dir = env.repo.join("data/00");
+    std::fs::create_dir_all(&dir).unwrap();
+    let old = dir.join(".tmp-0123456789abcdef");
+    let young = env.repo.join("index/.tmp-fedcba9876543210");
+    std::fs::write(&old, b"half a pack").unwrap();
+    std::fs::write(&young, b"half an index").unwrap();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&old)
+        .unwrap()
+        .set_modified(hour_ago)
+        .unwrap();
+    let out = env
+        .cmd()
+        .env("CAIRN_GRACE_SECS", "600")
+        .args(["prune", "--json"])
+        .output()
+        .unwrap();
+    assert_success(&out, "prune");
+    let report = parse_json(&out.stdout, "prune --json");
+    assert_eq!(json_u64(&report, "temporaries_deleted"), 1, "{report}");
+    assert!(!old.exists(), "the hour-old temporary file is gone");
+    assert!(young.exists(), "the fresh one may be a write in progress");
+    let out = env.cmd().args(["check", "--read-data"]).output().unwrap();
+    assert_success(&out, "check after prune");
+}
