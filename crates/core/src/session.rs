@@ -454,6 +454,11 @@ impl Shared {
     fn run(&self) {
         let mut state = self.lock();
         loop {
+            // Checked under the lock before waiting: a stop requested before this thread
+            // first waited would otherwise go unseen for a whole interval.
+            if state.stop {
+                return;
+            }
             let (next, timeout) = self
                 .wake
                 .wait_timeout(state, self.interval)
@@ -636,6 +641,52 @@ mod tests {
             judge(None, t0, at(25 * 3600), &here, dead),
             Standing::Ended(_)
         ));
+    }
+
+    fn repository(dir: &std::path::Path) -> Repository {
+        let opts = crate::repo::InitOptions {
+            kdf: crate::crypto::KdfParams {
+                memory_kib: 8,
+                iterations: 1,
+                parallelism: 1,
+            },
+            ..crate::repo::InitOptions::default()
+        };
+        let storage = Arc::new(cairn_storage::LocalStorage::new(dir));
+        Repository::init(storage, b"pw", &opts).unwrap()
+    }
+
+    #[test]
+    fn a_session_finished_at_once_ends_at_once_and_leaves_no_file() {
+        // The heartbeat thread may not have waited yet when finish asks it to stop; it
+        // must not sleep through a whole interval (300 s) first.
+        let dir = tempfile::tempdir().unwrap();
+        let repo = repository(dir.path());
+        for _ in 0..20 {
+            let session = Session::start(&repo, SessionKind::Maintenance, "h").unwrap();
+            let (done, finished) = std::sync::mpsc::channel();
+            std::thread::spawn(move || done.send(session.finish().is_ok()));
+            let ended = finished.recv_timeout(Duration::from_secs(10));
+            assert_eq!(ended, Ok(true), "finish returned within 10 s");
+        }
+        assert!(repo.storage().list("sessions").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_dropped_session_leaves_one_file_that_says_it_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = repository(dir.path());
+        let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
+        session.observe(Some(3)).unwrap();
+        session.beat().unwrap();
+        drop(session);
+        let views = list(&repo).unwrap();
+        assert_eq!(views.len(), 1);
+        assert_eq!(views[0].files.len(), 1);
+        let info = views[0].info.as_ref().unwrap();
+        assert!(info.stopped && info.observed == Some(3));
+        let standing = views[0].standing(views[0].beat, &Host::this());
+        assert!(matches!(standing, Standing::Ended(_)), "{standing:?}");
     }
 
     #[test]

@@ -140,7 +140,7 @@ fn begin(repo: &mut Repository, host: &str) -> Result<(Session, u64)> {
 /// A session that ended without finishing may have stored packs after its last index
 /// file: index them, so that this backup builds on them instead of uploading them
 /// again, then remove the ended sessions' files.
-pub(crate) fn adopt_after_ended_sessions(repo: &mut Repository, session: &Session) -> Result<u64> {
+fn adopt_after_ended_sessions(repo: &mut Repository, session: &Session) -> Result<u64> {
     let survey = session.survey(repo, &Host::this())?;
     let ended: Vec<_> = survey.ended().map(|(v, _)| v.clone()).collect();
     if ended.is_empty() {

@@ -258,12 +258,9 @@ pub fn prune(
             continue;
         }
         match file {
-            Ok(file) => {
-                for p in &file.packs {
-                    packs.entry(p.id).or_insert_with(|| p.entries.clone());
-                }
-                repo.absorb(&file.packs);
-            }
+            // Not added to `packs`: the file stays, and the index written below must not
+            // name its packs a second time.
+            Ok(file) => repo.absorb(&file.packs),
             // Only this prune deletes index files, and it has not yet: damage.
             Err(e) => {
                 return Err(refuse(
