@@ -202,6 +202,12 @@ impl RemoteStorage {
             }
             kind => {
                 let hint = match kind {
+                    // AWS answers 403, which would otherwise read as bad credentials.
+                    _ if refuses_the_clock(&e) => {
+                        "the server refused the request's time: check this host's clock \
+                         (S3 servers refuse requests signed by a clock far from theirs: AWS \
+                         beyond 15 minutes)"
+                    }
                     ErrorKind::PermissionDenied => {
                         "permission denied: check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, \
                          or the SSH key) and that they may use this bucket or path"
@@ -316,6 +322,13 @@ impl Drop for RemoteStorage {
             crate::ssh_orphans::end_orphaned_masters();
         }
     }
+}
+
+/// Whether an S3 server refused a request because it was signed by a clock too far
+/// from the server's: AWS's `RequestTimeTooSkewed`, Garage's "Date is too old".
+fn refuses_the_clock(e: &opendal::Error) -> bool {
+    let text = e.to_string();
+    text.contains("RequestTimeTooSkewed") || text.contains("Date is too old")
 }
 
 fn config_error(location: &str, e: opendal::Error) -> StorageError {
@@ -534,5 +547,27 @@ impl Storage for RemoteStorage {
         self.op
             .delete(name)
             .map_err(|e| self.error("delete", name, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn s3_refusals_of_a_skewed_clock_are_told_apart() {
+        for message in [
+            r#"S3Error { code: "RequestTimeTooSkewed", message: "The difference between the request time and the current time is too large." }"#,
+            r#"S3Error { code: "InvalidRequest", message: "Bad request: Date is too old" }"#,
+        ] {
+            assert!(refuses_the_clock(&opendal::Error::new(
+                ErrorKind::PermissionDenied,
+                message
+            )));
+        }
+        assert!(!refuses_the_clock(&opendal::Error::new(
+            ErrorKind::PermissionDenied,
+            r#"S3Error { code: "InvalidAccessKeyId" }"#
+        )));
     }
 }

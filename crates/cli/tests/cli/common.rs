@@ -41,7 +41,13 @@ pub struct TestEnv {
     pub dir: TempDir,
     /// Canonical path of `dir`, so paths compare equal to the absolute paths cairn stores.
     pub root: PathBuf,
+    /// The repository's address: `root/repo`, or a remote address (see
+    /// `remote::remote_test_env`).
     pub repo: PathBuf,
+    /// What every cairn command gets in its environment besides the isolated defaults:
+    /// what a remote repository needs (credentials, an `ssh` that reads the test server's
+    /// client config).
+    pub vars: Vec<(String, String)>,
 }
 
 impl TestEnv {
@@ -56,7 +62,12 @@ impl TestEnv {
             fs::create_dir_all(root.join(sub)).unwrap();
         }
         let repo = root.join("repo");
-        TestEnv { dir, root, repo }
+        TestEnv {
+            dir,
+            root,
+            repo,
+            vars: Vec::new(),
+        }
     }
 
     /// A new environment with a repository initialised with the default options.
@@ -756,6 +767,7 @@ pub fn spawnable_bare(env: &TestEnv) -> std::process::Command {
         .env("XDG_CACHE_HOME", env.root.join("home/.cache"))
         .env("LC_ALL", "C.UTF-8")
         .env("CAIRN_PASSWORD", PASSWORD)
+        .envs(env.vars.iter().map(|(k, v)| (k, v)))
         .current_dir(&env.root);
     cmd
 }

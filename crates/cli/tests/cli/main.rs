@@ -20,6 +20,7 @@ mod inspect;
 mod maintenance;
 mod mount;
 mod no_loss;
+mod no_loss_remote;
 mod options;
 mod pipeline;
 mod progress;

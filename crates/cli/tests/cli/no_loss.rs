@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::common::*;
+use crate::remote::{is_remote, remote_files};
 
 /// How far a backup reading a stream may lag behind what it was fed: the chunker fills
 /// its 4 MiB buffer before cutting chunks, and holds back up to one maximal chunk
@@ -36,7 +37,7 @@ const READ_AHEAD: u64 = 4 * 1024 * 1024 + 256 * 1024;
 /// How long packs in no index are safe from prune in tests that do not wait it out:
 /// shorter than the held backups run, so that only their live sessions protect their
 /// packs (a real backup may run for longer than the default grace of a day).
-const SHORT_GRACE_SECS: u64 = 2;
+pub(crate) const SHORT_GRACE_SECS: u64 = 2;
 
 const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
@@ -62,7 +63,7 @@ fn faketime_lib() -> PathBuf {
 }
 
 /// `cairn -r REPO` with the protocol's timing knobs and `--json` progress every 20 ms.
-fn cairn(env: &TestEnv, grace_secs: u64) -> Command {
+pub(crate) fn cairn(env: &TestEnv, grace_secs: u64) -> Command {
     let mut cmd = spawnable(env);
     cmd.env("CAIRN_HEARTBEAT_SECS", "1")
         .env("CAIRN_GRACE_SECS", grace_secs.to_string())
@@ -72,7 +73,7 @@ fn cairn(env: &TestEnv, grace_secs: u64) -> Command {
 }
 
 /// Shifts the clock of this one process by `offset` (libfaketime syntax: `-26h`, `+10m`).
-fn with_clock(mut cmd: Command, offset: &str) -> Command {
+pub(crate) fn with_clock(mut cmd: Command, offset: &str) -> Command {
     cmd.env("LD_PRELOAD", faketime_lib())
         .env("FAKETIME", offset)
         .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
@@ -80,7 +81,7 @@ fn with_clock(mut cmd: Command, offset: &str) -> Command {
     cmd
 }
 
-fn run(mut cmd: Command, args: &[&str]) -> Output {
+pub(crate) fn run(mut cmd: Command, args: &[&str]) -> Output {
     cmd.args(args).output().expect("run cairn")
 }
 
@@ -106,7 +107,15 @@ fn summary_line(p: &Value) -> String {
     )
 }
 
+/// The repository's packs: files below `data`, or for a remote repository their names.
 fn pack_files(env: &TestEnv) -> BTreeSet<PathBuf> {
+    if is_remote(env) {
+        let address = env.repo.to_str().unwrap();
+        return remote_files(address, "data")
+            .into_iter()
+            .map(PathBuf::from)
+            .collect();
+    }
     repo_final_files(env, "data").into_iter().collect()
 }
 
@@ -146,7 +155,7 @@ fn backup_stdin(env: &TestEnv, name: &str, data: &[u8]) -> String {
     snapshot_id_of(&out)
 }
 
-fn snapshot_id_of(out: &Output) -> String {
+pub(crate) fn snapshot_id_of(out: &Output) -> String {
     let summary = parse_json(&out.stdout, "cairn backup --json");
     summary["snapshot_id"]
         .as_str()
@@ -341,16 +350,35 @@ impl Held {
 // 1, 2: a backup whose host clock is wrong, racing `forget --prune`
 // ---------------------------------------------------------------------------------------
 
+/// The snapshots a race left, with what each must restore.
+pub(crate) struct Raced {
+    kept: String,
+    src: PathBuf,
+    src_copy: PathBuf,
+    stdin_id: String,
+    stdin_data: Vec<u8>,
+}
+
+impl Raced {
+    /// Every snapshot the race left restores exactly; returns their ids.
+    pub(crate) fn assert_restore(&self, env: &TestEnv) -> Vec<String> {
+        assert_stdin_snapshot_restores(env, &self.stdin_id, "x.bin", &self.stdin_data);
+        assert_snapshot_restores(env, &self.kept, &self.src, &self.src_copy, Compare::ALL);
+        vec![self.kept.clone(), self.stdin_id.clone()]
+    }
+}
+
 /// A backup on a host whose clock is `offset` off deduplicates against the packs of a
 /// snapshot and writes packs of its own; meanwhile `forget --prune` forgets that snapshot.
-/// The backup succeeds, and its snapshot and the others restore exactly.
-fn backup_with_a_wrong_clock_racing_forget_prune(
+/// The backup succeeds, and its snapshot and the others restore exactly. `env` has no
+/// repository yet; it may be a remote one.
+pub(crate) fn backup_with_a_wrong_clock_racing_forget_prune(
+    env: &TestEnv,
     offset: &str,
     time_is_shifted: impl Fn(jiff::Timestamp) -> bool,
-) {
+) -> Raced {
     let started = Instant::now();
-    let env = TestEnv::new();
-    init_small_packs(&env);
+    init_small_packs(env);
 
     let src = env.path("src");
     write_file(&src.join("keep.bin"), &random_bytes(300_000, 1));
@@ -362,10 +390,10 @@ fn backup_with_a_wrong_clock_racing_forget_prune(
     // Content of the snapshot about to be forgotten, and new content for the backup.
     let old = random_bytes(3_000_000, 10);
     let new = random_bytes(7_000_000, 11);
-    let forgotten = backup_stdin(&env, "x.bin", &old);
-    let packs_before = pack_files(&env).len();
+    let forgotten = backup_stdin(env, "x.bin", &old);
+    let packs_before = pack_files(env).len();
 
-    let mut held = Held::start(with_clock(cairn(&env, SHORT_GRACE_SECS), offset), "x.bin");
+    let mut held = Held::start(with_clock(cairn(env, SHORT_GRACE_SECS), offset), "x.bin");
     held.feed(&old);
     held.feed(&new);
     held.wait_consumed();
@@ -373,13 +401,13 @@ fn backup_with_a_wrong_clock_racing_forget_prune(
     wait_until(
         "the held backup stores packs of its own",
         Duration::from_secs(30),
-        || pack_files(&env).len() >= packs_before + 2,
+        || pack_files(env).len() >= packs_before + 2,
     );
     // Its packs become older than the grace period, and it heartbeats meanwhile.
     std::thread::sleep(Duration::from_secs(SHORT_GRACE_SECS + 1));
 
     let out = run(
-        cairn(&env, SHORT_GRACE_SECS),
+        cairn(env, SHORT_GRACE_SECS),
         &["forget", &forgotten, "--prune", "--json"],
     );
     assert_success(&out, "forget --prune while the backup runs");
@@ -392,7 +420,7 @@ fn backup_with_a_wrong_clock_racing_forget_prune(
     let out = held.finish();
     assert_success(&out, &format!("the backup with its clock {offset}"));
     let id = snapshot_id_of(&out);
-    let time = snapshot_time(&env, &id);
+    let time = snapshot_time(env, &id);
     assert!(
         time_is_shifted(time),
         "libfaketime shifted the backup's clock by {offset}: its snapshot's time is {time}, now is {}",
@@ -401,28 +429,35 @@ fn backup_with_a_wrong_clock_racing_forget_prune(
     let expected: Vec<u8> = [old.as_slice(), new.as_slice()].concat();
 
     assert_check_clean(
-        &env,
+        env,
         &["--read-data"],
         &format!("after a backup with its clock {offset} raced forget --prune"),
     );
-    assert_stdin_snapshot_restores(&env, &id, "x.bin", &expected);
-    assert_snapshot_restores(&env, &kept, &src, &src_copy, Compare::ALL);
+    assert_stdin_snapshot_restores(env, &id, "x.bin", &expected);
+    assert_snapshot_restores(env, &kept, &src, &src_copy, Compare::ALL);
 
     // With nothing running, a prune deletes what it may; what remains is still whole.
-    let out = run(cairn(&env, SHORT_GRACE_SECS), &["prune", "--json"]);
+    let out = run(cairn(env, SHORT_GRACE_SECS), &["prune", "--json"]);
     assert_success(&out, "prune after the backup");
     eprintln!(
         "no_loss clock {offset}: prune afterwards: {}",
         summary_line(&prune_report(&out, "prune --json"))
     );
-    assert_check_clean(&env, &["--read-data"], "after the last prune");
-    assert_stdin_snapshot_restores(&env, &id, "x.bin", &expected);
-    assert_snapshot_restores(&env, &kept, &src, &src_copy, Compare::ALL);
-    assert_eq!(snapshot_ids(&env), sorted(vec![kept, id]));
+    assert_check_clean(env, &["--read-data"], "after the last prune");
+    assert_stdin_snapshot_restores(env, &id, "x.bin", &expected);
+    assert_snapshot_restores(env, &kept, &src, &src_copy, Compare::ALL);
+    assert_eq!(snapshot_ids(env), sorted(vec![kept.clone(), id.clone()]));
     eprintln!("no_loss clock {offset}: {} s", started.elapsed().as_secs());
+    Raced {
+        kept,
+        src,
+        src_copy,
+        stdin_id: id,
+        stdin_data: expected,
+    }
 }
 
-fn sorted(mut v: Vec<String>) -> Vec<String> {
+pub(crate) fn sorted(mut v: Vec<String>) -> Vec<String> {
     v.sort();
     v
 }
@@ -431,7 +466,7 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 /// deleted its packs and the packs it deduplicated against.
 #[test]
 fn no_loss_a_backup_26_hours_behind_racing_forget_prune_loses_nothing() {
-    backup_with_a_wrong_clock_racing_forget_prune("-26h", |t| {
+    backup_with_a_wrong_clock_racing_forget_prune(&TestEnv::new(), "-26h", |t| {
         let behind = jiff::Timestamp::now().duration_since(t);
         behind > jiff::SignedDuration::from_hours(25)
             && behind < jiff::SignedDuration::from_hours(27)
@@ -442,7 +477,7 @@ fn no_loss_a_backup_26_hours_behind_racing_forget_prune_loses_nothing() {
 /// clock and deleted a pack the backup deduplicated against.
 #[test]
 fn no_loss_a_backup_10_minutes_ahead_racing_forget_prune_loses_nothing() {
-    backup_with_a_wrong_clock_racing_forget_prune("+10m", |t| {
+    backup_with_a_wrong_clock_racing_forget_prune(&TestEnv::new(), "+10m", |t| {
         let ahead = t.duration_since(jiff::Timestamp::now());
         ahead > jiff::SignedDuration::from_mins(9) && ahead < jiff::SignedDuration::from_mins(11)
     });
@@ -605,14 +640,14 @@ fn no_loss_two_prunes_at_once_racing_a_backup_lose_nothing() {
 
 /// Grace period of the kill test: long enough for a backup to adopt a killed one's packs
 /// before a prune may free them, short enough to wait out.
-const KILL_GRACE_SECS: u64 = 5;
+pub(crate) const KILL_GRACE_SECS: u64 = 5;
 
-const NEW_FILE: usize = 4_000_000;
+pub(crate) const NEW_FILE: usize = 4_000_000;
 
 /// A backup of the tree with a new 4 MB file is SIGKILLed after `delay`, or once `packs`
 /// new pack files exist; returns the pack files it left and whether it was killed
 /// (rather than finishing first).
-fn killed_backup(
+pub(crate) fn killed_backup(
     env: &TestEnv,
     src: &Path,
     delay: Option<Duration>,

@@ -2,9 +2,12 @@
 //! loopback, started by `scripts/test`. Without them these tests say so and pass, unless
 //! `CAIRN_TEST_SERVICES=required` (as `scripts/test` sets).
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use assert_cmd::Command;
+use cairn_storage::{Location, Storage};
 use serde_json::Value;
 
 use crate::common::*;
@@ -33,6 +36,51 @@ pub(crate) fn server_address(var: &str) -> Option<String> {
             None
         }
     }
+}
+
+/// A test environment whose repository is a fresh one below the server address in
+/// `var` (`WHAT-RANDOM`, not yet initialised): every command it makes (`env.cmd()`,
+/// `spawnable(&env)`, `env.init`, ...) reaches it with what it needs from the
+/// environment. `None` when the servers are not running and not required.
+pub(crate) fn remote_test_env(var: &str, what: &str) -> Option<TestEnv> {
+    let address = unique_address(var, what)?;
+    let mut env = TestEnv::new();
+    env.vars = remote_vars(&address);
+    env.repo = PathBuf::from(address);
+    Some(env)
+}
+
+/// Whether `env`'s repository is a remote one (see [`remote_test_env`]).
+pub(crate) fn is_remote(env: &TestEnv) -> bool {
+    env.repo
+        .to_str()
+        .is_some_and(|a| a.starts_with("s3:") || a.starts_with("sftp:"))
+}
+
+/// The files of the remote repository at `address` below `dir` (`data`, `sessions`,
+/// ...), as the storage layer lists them: S3 through the S3 API; SFTP in the directory
+/// the test server serves, which is on this machine (the test process has no `ssh`
+/// setup of its own). One store per address, kept for the test binary's life.
+pub(crate) fn remote_files(address: &str, dir: &str) -> Vec<String> {
+    static STORES: Mutex<BTreeMap<String, Arc<dyn Storage>>> = Mutex::new(BTreeMap::new());
+    let store = STORES
+        .lock()
+        .unwrap()
+        .entry(address.to_string())
+        .or_insert_with(|| match Location::parse(address) {
+            Ok(Location::S3(config)) => Arc::new(
+                cairn_storage::RemoteStorage::s3(&config, address.to_string())
+                    .expect("open the S3 store"),
+            ),
+            Ok(Location::Sftp(config)) => {
+                Arc::new(cairn_storage::LocalStorage::new(Path::new(&config.path)))
+            }
+            other => panic!("{address} is a remote address: {other:?}"),
+        })
+        .clone();
+    store
+        .list(dir)
+        .unwrap_or_else(|e| panic!("list {dir} of {address}: {e}"))
 }
 
 fn rand_u64() -> u64 {
