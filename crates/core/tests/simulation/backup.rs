@@ -113,6 +113,16 @@ impl Sim {
                         false => b.to_store.push(blob),
                     }
                 }
+                let (reused, new) = (b.reused.clone(), b.to_store.clone());
+                let observed = b.trash.observed();
+                let condemned: Vec<u64> = b.trash.packs.keys().copied().collect();
+                self.log(|| {
+                    format!(
+                        "actor {a}: observed {observed:?} condemned {condemned:x?}, \
+                         reuses {reused:x?}, stores {new:?}"
+                    )
+                });
+                let b = self.backup(a);
                 b.step = match b.to_store.is_empty() {
                     true => BStep::WriteIndex,
                     false => BStep::WritePack,

@@ -41,6 +41,8 @@ const LOST_AFTER: u64 = BEAT * 3 / 2;
 const STALE: u64 = MISSED_BEATS as u64 * BEAT;
 /// `prune::DEFAULT_GRACE`.
 const GRACE: u64 = 24 * 3600 * SEC;
+/// The longest a listing takes.
+const MAX_LISTING: u64 = 60 * SEC;
 /// The old rule of rule-breaking variant (b): a session started longer ago than this,
 /// by the judging host's clock, is taken for crashed.
 const OLD_MAX_AGE: u64 = 24 * 3600 * SEC;
@@ -883,10 +885,26 @@ fn no_schedule_loses_data_with_every_rule() {
     }
 }
 
-const SEEDS_PER_RUN: u64 = 1500;
+const SEEDS_PER_RUN: u64 = 4000;
+
+/// A prune suspended after its decisions, for longer than [`STALE`], resumes and writes an
+/// index naming every pack it read, minus only its own deletions; another prune has
+/// deleted some of those meanwhile. Readers then locate blobs in packs that are gone, and
+/// a later prune takes such a ghost for the live copy of a needed blob and may condemn
+/// and delete the real copy (seed 18956 of the non-cumulative variant does).
+#[test]
+#[ignore = "protocol bug: a resumed prune writes an index naming packs deleted meanwhile"]
+fn r18976_a_resumed_prune_indexes_packs_another_deleted() {
+    let result = run_seed(18976, ALL_RULES);
+    assert!(result.is_ok(), "{}", replay(18976, ALL_RULES));
+}
 
 /// Asserts that breaking a rule loses data for some seed below `limit`, and says which.
 fn rule_matters(name: &str, rules: Rules, limit: u64) {
+    if let Some(seed) = env_u64("CAIRN_SIM_SEED") {
+        println!("{name}: {}", replay(seed, rules));
+        return;
+    }
     let limit = env_u64("CAIRN_SIM_SEEDS").map_or(limit, |n| n.max(limit));
     match first_failure(rules, limit, true) {
         Some((seed, why)) => {
@@ -949,10 +967,11 @@ fn trash_listings_that_miss_old_files_defeat_the_commit_check() {
 }
 
 /// With listings as the storage promises them (each name seen as it was at some moment of
-/// a listing), no seed so far needs the trash to be cumulative: a reader can miss an old
-/// file only while a prune replaces it, and every reader sees all files that stay.
+/// a listing), a reader misses an old trash file only while a prune replaces the trash.
+/// No seed below 100,000 has lost data through that alone: the first failure, seed 18956,
+/// is the stale prune of [`r18976_a_resumed_prune_indexes_packs_another_deleted`].
 #[test]
-#[ignore = "no seed found yet where non-cumulative trash files lose data"]
+#[ignore = "no seed yet loses data through non-cumulative trash alone (see the doc comment)"]
 fn trash_files_that_are_not_cumulative_lose_data() {
     let rules = Rules {
         cumulative_trash: false,

@@ -168,7 +168,7 @@ impl Sim {
                     };
                     new_files.push(file.clone());
                 }
-                let rules = self.rules;
+                let (rules, trace) = (self.rules, self.trace);
                 let p = self.prune(a);
                 for (id, blobs) in new_files.iter().flatten() {
                     p.packs.entry(*id).or_insert_with(|| blobs.clone());
@@ -209,7 +209,15 @@ impl Sim {
                         false => p.deletable.push(id),
                     }
                 }
+                let seen: Vec<String> = survey
+                    .others
+                    .iter()
+                    .filter(|_| trace)
+                    .map(|(v, st)| format!("{} {:?} observed {:?}", v.info.id, st, v.info.observed))
+                    .collect();
                 p.survey = Some(survey);
+                self.log(|| format!("actor {a}: sessions {seen:?}"));
+                let p = self.prune(a);
                 let (d, r, f) = (p.deletable.clone(), p.rescued.clone(), p.deferred.clone());
                 self.log(|| format!("actor {a}: deletes {d:x?}, rescues {r:x?}, defers {f:x?}"));
                 self.prune(a).step = PStep::WriteIndex;

@@ -44,7 +44,10 @@ impl<T> Dir<T> {
 
     /// A listing that began at `from` and ends at `to`: pages are read one after the
     /// other, so each name is seen as it was at a later moment than the names before it.
+    /// A listing takes at most [`MAX_LISTING`], less than a heartbeat interval (what
+    /// `session.rs` assumes).
     pub(super) fn list(&self, from: u64, to: u64, rng: &mut StdRng) -> Vec<(u64, u64)> {
+        let from = from.max(to.saturating_sub(MAX_LISTING));
         let mut moments: Vec<u64> = (0..self.files.len())
             .map(|_| rng.gen_range(from..=to.max(from)))
             .collect();
