@@ -154,6 +154,24 @@ pub fn prune(
     }
     let stored: HashMap<PackId, SystemTime> = repo.list_packs_modified()?.into_iter().collect();
     report.packs = stored.len() as u64;
+    // Packs the index names but storage lacks are gone (they were listed after the index
+    // was read, and a pack is stored before any index names it): deleted by hand, lost,
+    // or deleted by a prune while another one, paused, still held them. The copies of
+    // their blobs elsewhere are the ones needed; the index written below drops them.
+    let gone: Vec<PackId> = packs
+        .keys()
+        .filter(|p| !stored.contains_key(p))
+        .copied()
+        .collect();
+    if !gone.is_empty() {
+        repo.condemn(gone.iter().copied());
+        for (_, file) in &index_files {
+            repo.absorb(&file.packs);
+        }
+        for p in &gone {
+            packs.remove(p);
+        }
+    }
 
     // Packs in no index: index them once older than the grace period by the storage's
     // clock (a backup writing them indexes them itself long before).
@@ -240,11 +258,7 @@ pub fn prune(
     session.beat()?;
     let survey = session.survey(repo, &here)?;
     if session.lost() {
-        return Err(Error::InvalidInput(
-            "This prune was paused (or could not write its session file) for so long that \
-             another prune may have started meanwhile; nothing was deleted. Run it again"
-                .into(),
-        ));
+        return Err(paused());
     }
     let new_snapshots: Vec<SnapshotId> = repo
         .snapshot_ids()?
@@ -317,8 +331,13 @@ pub fn prune(
     report.packs_rescued = rescued.len() as u64;
     report.packs_deferred = deferred.len() as u64;
 
-    // 4. Index first, then packs, then the trash that named them.
-    let deleted: HashSet<PackId> = deletable.iter().copied().collect();
+    // 4. Index first, then packs, then the trash that named them. A prune paused since
+    // its decisions may have been taken for crashed, and another may have run: then
+    // these decisions are stale.
+    if session.lost() {
+        return Err(paused());
+    }
+    let deleted: HashSet<PackId> = deletable.iter().copied().chain(gone).collect();
     if !deleted.is_empty() {
         let keep: Vec<IndexedPack> = packs
             .iter()
@@ -383,6 +402,14 @@ pub fn prune(
 /// with the condemnation in it (then it does not build on the pack).
 pub fn may_delete(condemned: u64, observed: Option<u64>) -> bool {
     observed.is_some_and(|o| o >= condemned)
+}
+
+fn paused() -> Error {
+    Error::InvalidInput(
+        "This prune was paused (or could not write its session file) for so long that \
+         another prune may have started meanwhile; nothing was deleted. Run it again"
+            .into(),
+    )
 }
 
 fn refuse(e: &Error, what: &str) -> Error {

@@ -72,6 +72,7 @@ impl Sim {
                 }
                 let now = self.st.now;
                 let stored = self.st.packs.list(now, now, &mut self.rng);
+                let rules = self.rules;
                 let p = self.prune(a);
                 p.snapshots = snapshots;
                 p.used = used;
@@ -79,6 +80,18 @@ impl Sim {
                 p.index = index;
                 p.packs = packs;
                 p.stored = stored.into_iter().collect();
+                // Named by the index but not stored: gone; other copies are the ones
+                // needed, and the index written later drops them.
+                p.gone = p
+                    .packs
+                    .keys()
+                    .filter(|id| rules.gone_packs && !p.stored.contains_key(id))
+                    .copied()
+                    .collect();
+                for id in p.gone.clone() {
+                    p.index.condemn(id);
+                    p.packs.remove(&id);
+                }
                 p.replaced = files.into_iter().map(|(n, _)| n).collect();
                 p.step = PStep::Adopt;
             }
@@ -171,7 +184,6 @@ impl Sim {
                 let (rules, trace) = (self.rules, self.trace);
                 let p = self.prune(a);
                 for (id, blobs) in new_files.iter().flatten() {
-                    p.packs.entry(*id).or_insert_with(|| blobs.clone());
                     p.index.add_pack(*id, blobs);
                 }
                 p.used.extend(new_snapshots);
@@ -223,8 +235,11 @@ impl Sim {
                 self.prune(a).step = PStep::WriteIndex;
             }
             PStep::WriteIndex => {
+                if self.rules.recheck_before_writing && self.lost(a) {
+                    return self.refuse(a, "paused since its decisions");
+                }
                 let p = self.prune_ref(a);
-                if !p.deletable.is_empty() {
+                if !p.deletable.is_empty() || !p.gone.is_empty() {
                     let keep: IndexFile = p
                         .packs
                         .iter()
