@@ -94,10 +94,13 @@ fn changes_deep_in_a_tree_reach_every_tree_above_them() {
             .unwrap_or_else(|| panic!("{backup} in {snapshots:?}"))
     };
     assert_ne!(tree(&first), tree(&second));
-    assert_eq!(
-        tree(&second),
-        tree(&third),
-        "nothing changed since the second"
+    // Nothing changed in the source since the second backup, so its trees are the
+    // second's: at most the trees of the directories above it are new, whose metadata
+    // other processes change (tests running beside this one add entries to /tmp).
+    let above = env.root.components().count() as u64;
+    assert!(
+        tree(&second) == tree(&third) || json_u64(&third, "blobs_added") <= above,
+        "nothing changed since the second: {third}"
     );
 
     let target = env.path("restored");
