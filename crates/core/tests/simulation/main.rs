@@ -79,6 +79,8 @@ struct Rules {
     gone_packs: bool,
     /// (g) Prune checks that its session was never lost again just before it writes.
     recheck_before_writing: bool,
+    /// (h) A prune refuses while another maintenance session is live.
+    one_prune: bool,
     /// Not a rule but a fault beyond the storage's promise: trash listings miss any file
     /// now and then, however old.
     lossy_trash_listing: bool,
@@ -92,6 +94,7 @@ const ALL_RULES: Rules = Rules {
     cumulative_trash: true,
     gone_packs: true,
     recheck_before_writing: true,
+    one_prune: true,
     lossy_trash_listing: false,
 };
 
@@ -977,6 +980,21 @@ fn without_dropping_gone_packs_and_the_recheck_seed_18976_breaks_the_index() {
         result.is_err(),
         "seed 18976 passes without rules (f) and (g)"
     );
+}
+
+/// Two prunes at once would write trash files of the same generation, and a backup that
+/// read one of them before the other was written would claim a generation whose
+/// condemnations it does not all know. No seed below 20,000 has lost data that way yet
+/// (the window is a backup starting between two prunes' trash writes); the rule stays on
+/// the argument's strength, and this test is run by hand.
+#[test]
+#[ignore = "no seed below 20,000 loses data through two prunes at once alone"]
+fn two_prunes_at_once_lose_data() {
+    let rules = Rules {
+        one_prune: false,
+        ..ALL_RULES
+    };
+    rule_matters("two prunes at once", rules, 3000);
 }
 
 /// Not a rule but the storage's promise: a listing shows every file that stays in place

@@ -33,7 +33,7 @@ impl Sim {
                     .others
                     .iter()
                     .any(|(v, s)| *s == Standing::Live && v.info.kind == SessionKind::Maintenance);
-                if other {
+                if other && self.rules.one_prune {
                     self.log(|| format!("actor {a}: prune refuses: another prune runs"));
                     self.finish_session(a);
                     return Outcome::Exit;
