@@ -6,8 +6,9 @@
 //! the index (dedup, unchanged files, shared trees). Every such pack must exist. While
 //! its session stayed live, a pack condemned after the session observed the trash
 //! cannot be deleted until the session ends, and the snapshot written before that end
-//! makes prune keep it; so only a session that may have been taken for crashed ("lost")
-//! must also avoid condemned packs. See `docs/ARCHITECTURE.md`.
+//! makes prune keep it. A pack condemned in a generation the session has observed may
+//! go at any time, and a session that may have been taken for crashed ("lost") cannot
+//! count on any condemned pack: both are unsafe. See `docs/ARCHITECTURE.md`.
 
 use std::collections::HashSet;
 
@@ -21,21 +22,28 @@ use crate::snapshot::Snapshot;
 /// Above this many packs, one listing of `data/` is cheaper than asking for each.
 const LIST_ABOVE: usize = 32;
 
-/// The packs of `relied` that a snapshot may not build on: missing ones, and for a lost
-/// session condemned ones too. Sorted.
+/// The packs of `relied` that a snapshot may not build on: missing ones, and condemned
+/// ones that a prune may delete at once (condemned in a generation the session has
+/// observed, or in any generation if the session is lost). Sorted.
 pub fn unsafe_packs(
     relied: &HashSet<PackId>,
     exists: impl Fn(&PackId) -> bool,
     condemned: impl Fn(&PackId) -> bool,
-    lost: bool,
 ) -> Vec<PackId> {
     let mut out: Vec<PackId> = relied
         .iter()
-        .filter(|p| !exists(p) || (lost && condemned(p)))
+        .filter(|p| !exists(p) || condemned(p))
         .copied()
         .collect();
     out.sort();
     out
+}
+
+/// Whether a pack condemned in `generation` may be deleted while this session lives, so
+/// that the session must not build on it: one whose generation it has observed (it knew
+/// of the condemnation, or should have), or any for a lost session.
+pub fn deletable_under(generation: u64, observed: Option<u64>, lost: bool) -> bool {
+    lost || crate::ops::prune::may_delete(generation, observed)
 }
 
 /// Checks `relied` against the storage (and, for a lost session, a fresh read of the
@@ -51,10 +59,11 @@ pub fn check(
         // Live again for prunes from now on; what they did meanwhile is checked below.
         session.beat()?;
     }
-    let trash = match lost {
-        true => Some(crate::trash::read(repo)?),
-        false => None,
-    };
+    let observed = session.info().observed;
+    // Read again even by a session that never went silent: a condemnation it should
+    // have known of (a prune that wrote a trash file on a stale view, a trash file
+    // deleted by hand) must not slip through.
+    let trash = crate::trash::read(repo)?;
     let stored: Option<HashSet<PackId>> = match relied.len() > LIST_ABOVE {
         true => Some(repo.list_packs()?.into_iter().collect()),
         false => None,
@@ -76,12 +85,13 @@ pub fn check(
         // Readers then prefer the copies the writer stores again.
         crate::trash::mark_missing(repo, &gone)?;
     }
-    let condemned = |p: &PackId| {
-        trash
-            .as_ref()
-            .is_some_and(|t| t.is_condemned(p) || !t.problems.is_empty())
+    let condemned = |p: &PackId| match trash.packs.get(p) {
+        Some(c) => deletable_under(c.generation, observed, lost),
+        // What an unreadable trash file condemns is unknown; a lost session cannot
+        // count on prunes waiting for it.
+        None => lost && !trash.problems.is_empty(),
     };
-    Ok(unsafe_packs(relied, exists, condemned, lost))
+    Ok(unsafe_packs(relied, exists, condemned))
 }
 
 /// Every pack a writer's result relies on: those it stored and those it reused.

@@ -330,7 +330,7 @@ impl Session {
             .find(|i| i.kind == SessionKind::Maintenance)
             .cloned();
         if let Some(other) = other {
-            session.finish()?;
+            session.finish();
             return Err(Error::InvalidInput(format!(
                 "another prune is running: {}. Only one prune or repair runs at a time; run \
                  this one when that has finished (if it crashed, its session ends after {} \
@@ -406,14 +406,25 @@ impl Session {
         )))
     }
 
-    /// Ends the session: stops the heartbeat and deletes its files.
-    pub fn finish(mut self) -> Result<()> {
+    /// Ends the session: stops the heartbeat and deletes its files. It comes after the
+    /// work is committed, so it does not fail: if a file cannot be deleted, a last file
+    /// saying the session stopped is tried, and others remove the rest.
+    pub fn finish(mut self) {
         self.stop();
         let files = std::mem::take(&mut self.shared.lock().files);
+        let mut left = Vec::new();
         for name in files {
-            delete_quietly(self.shared.storage.as_ref(), &name)?;
+            if delete_quietly(self.shared.storage.as_ref(), &name).is_err() {
+                left.push(name);
+            }
         }
-        Ok(())
+        if !left.is_empty() {
+            let mut state = self.shared.lock();
+            state.files = left;
+            state.info.stopped = true;
+            drop(state);
+            let _ = self.shared.beat();
+        }
     }
 
     fn stop(&mut self) {
@@ -492,7 +503,8 @@ impl Shared {
             if began.saturating_sub(state.last_ok) >= self.lost_after() {
                 state.lost = true;
             }
-            state.last_ok = began;
+            // A beat from the main thread and one from the heartbeat may overlap.
+            state.last_ok = state.last_ok.max(began);
             state.files.push(name);
             // A stopped session's last file stands alone: it need not be found among
             // later ones.
@@ -573,11 +585,21 @@ fn process_start(pid: u32) -> Option<u64> {
 }
 
 /// Whether process `pid` of this boot still runs and is the one that started at `start`.
+/// Only the kernel's "no such process" counts as dead: another user's process may be
+/// hidden from `/proc` (`hidepid`) or refuse signals, and is then taken as alive.
 pub fn process_alive(pid: u32, start: Option<u64>) -> bool {
+    let Ok(pid_t) = libc::pid_t::try_from(pid) else {
+        return true;
+    };
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let exists = unsafe { libc::kill(pid_t, 0) } == 0
+        || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+    if !exists {
+        return false;
+    }
     match (process_start(pid), start) {
-        (None, _) => std::path::Path::new(&format!("/proc/{pid}")).exists(),
         (Some(now), Some(then)) => now == then,
-        (Some(_), None) => true,
+        _ => true,
     }
 }
 
@@ -665,7 +687,10 @@ mod tests {
         for _ in 0..20 {
             let session = Session::start(&repo, SessionKind::Maintenance, "h").unwrap();
             let (done, finished) = std::sync::mpsc::channel();
-            std::thread::spawn(move || done.send(session.finish().is_ok()));
+            std::thread::spawn(move || {
+                session.finish();
+                done.send(true)
+            });
             let ended = finished.recv_timeout(Duration::from_secs(10));
             assert_eq!(ended, Ok(true), "finish returned within 10 s");
         }
@@ -696,6 +721,10 @@ mod tests {
         assert!(start.is_some());
         assert!(process_alive(me, start));
         assert!(!process_alive(me, start.map(|s| s + 1)));
-        assert!(!process_alive(u32::MAX - 1, None));
+        // A child that has exited and been reaped: no such process.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!process_alive(pid, None));
     }
 }

@@ -83,8 +83,13 @@ pub fn read(repo: &Repository) -> Result<Trash> {
             match read_file(repo, &name) {
                 Ok(file) => {
                     trash.generation = trash.generation.max(file.generation);
+                    // A pack named twice counts with its highest generation: the one
+                    // fewer sessions have observed.
                     for c in file.packs {
-                        trash.packs.entry(c.id).or_insert(c);
+                        let kept = trash.packs.entry(c.id).or_insert(c);
+                        if c.generation > kept.generation {
+                            *kept = c;
+                        }
                     }
                     trash.files.push(name);
                 }
@@ -160,10 +165,12 @@ pub fn replace(
     Ok(())
 }
 
-/// Condemns `packs` in a new generation, keeping every pending condemnation. Returns the
-/// new generation.
-pub fn condemn(repo: &Repository, trash: &mut Trash, packs: &[PackId]) -> Result<u64> {
-    let generation = trash.generation + 1;
+/// Condemns `packs` in a new generation, keeping every pending condemnation. The new
+/// generation is above the trash's and above `floor`, the highest any session has
+/// observed (a trash file deleted by hand must not make generations start again).
+/// Returns the new generation.
+pub fn condemn(repo: &Repository, trash: &mut Trash, packs: &[PackId], floor: u64) -> Result<u64> {
+    let generation = trash.generation.max(floor) + 1;
     let now = jiff::Timestamp::now();
     let mut all: Vec<Condemned> = trash.packs.values().copied().collect();
     for &id in packs {
@@ -181,7 +188,7 @@ pub fn condemn(repo: &Repository, trash: &mut Trash, packs: &[PackId]) -> Result
 
 /// [`condemn`] from a fresh read of the trash, refusing when a trash file cannot be read
 /// (its generation, and so the next one, would be unknown).
-pub fn condemn_with_care(repo: &Repository, packs: &[PackId]) -> Result<u64> {
+pub fn condemn_with_care(repo: &Repository, packs: &[PackId], floor: u64) -> Result<u64> {
     let mut trash = read(repo)?;
     if let Some(e) = trash.problems.first() {
         return Err(Error::InvalidInput(format!(
@@ -190,14 +197,14 @@ pub fn condemn_with_care(repo: &Repository, packs: &[PackId]) -> Result<u64> {
             crate::error::chain(e)
         )));
     }
-    condemn(repo, &mut trash, packs)
+    condemn(repo, &mut trash, packs, floor)
 }
 
 /// Records packs found missing (deleted by hand, lost by the storage) as condemned in
 /// generation 0, so that readers locate their blobs in copies stored again and prune drops
 /// them from the index. Any session may write this: generation 0 tells a reader that sees
-/// only this file nothing about other condemnations, and prune deletes such files as
-/// soon as it has read them.
+/// only this file nothing about other condemnations, and the next prune that rewrites the
+/// trash replaces such files.
 pub fn mark_missing(repo: &Repository, packs: &[PackId]) -> Result<()> {
     let now = jiff::Timestamp::now();
     let mut packs: Vec<Condemned> = packs
@@ -249,8 +256,8 @@ mod tests {
         let mut repo = repository(dir.path());
         let mut trash = read(&repo).unwrap();
         assert_eq!(trash.observed(), Some(0));
-        assert_eq!(condemn(&repo, &mut trash, &[pack(1)]).unwrap(), 1);
-        assert_eq!(condemn(&repo, &mut trash, &[pack(2)]).unwrap(), 2);
+        assert_eq!(condemn(&repo, &mut trash, &[pack(1)], 0).unwrap(), 1);
+        assert_eq!(condemn(&repo, &mut trash, &[pack(2)], 0).unwrap(), 2);
         // One file, the whole trash.
         let names = repo.storage().list("trash").unwrap();
         assert_eq!(names.len(), 1);
@@ -262,6 +269,8 @@ mod tests {
         replace(&repo, &mut trash, 2, Vec::new()).unwrap();
         assert_eq!(read(&repo).unwrap().observed(), Some(2));
         assert_eq!(repo.load_index().unwrap(), Some(2));
+        // Sessions have observed 7 (the trash was deleted by hand since): above that.
+        assert_eq!(condemn(&repo, &mut trash, &[pack(3)], 7).unwrap(), 8);
     }
 
     #[test]
@@ -269,7 +278,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut repo = repository(dir.path());
         let mut trash = read(&repo).unwrap();
-        condemn(&repo, &mut trash, &[pack(1)]).unwrap();
+        condemn(&repo, &mut trash, &[pack(1)], 0).unwrap();
         let name = repo.storage().list("trash").unwrap().remove(0);
         let path = dir.path().join(&name);
         let mut bytes = std::fs::read(&path).unwrap();
@@ -282,6 +291,6 @@ mod tests {
         // A backup then honours no generation, so prune deletes nothing while it runs.
         assert_eq!(repo.load_index().unwrap(), None);
         assert!(!crate::ops::prune::may_delete(0, None));
-        assert!(condemn_with_care(&repo, &[pack(2)]).is_err());
+        assert!(condemn_with_care(&repo, &[pack(2)], 0).is_err());
     }
 }

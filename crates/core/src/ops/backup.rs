@@ -198,7 +198,7 @@ pub fn backup(
         };
         match commit(repo, &session, tree, stats, meta, opts, started)? {
             Committed::Done(report) => {
-                session.finish()?;
+                session.finish();
                 return Ok(*report);
             }
             // The source is still there: the next round reads what those packs held.
@@ -282,7 +282,7 @@ pub fn backup_stdin(
     };
     match commit(repo, &session, tree, stats, meta, opts, started)? {
         Committed::Done(report) => {
-            session.finish()?;
+            session.finish();
             Ok(*report)
         }
         // Standard input cannot be read again.

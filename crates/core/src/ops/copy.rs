@@ -89,7 +89,7 @@ pub fn copy(
         }
     }
     if todo.is_empty() {
-        session.finish()?;
+        session.finish();
         report.duration_ms = started.elapsed().as_millis() as u64;
         return Ok(report);
     }
@@ -125,9 +125,10 @@ pub fn copy(
         // Durability order, as in a backup: packs, then the index naming them, then
         // snapshots.
         dst.index_written(&mut written)?;
+        let checked_at = crate::session::boot_time();
         let unsafe_packs = crate::commit::check(dst, &session, &relied)?;
         if unsafe_packs.is_empty() {
-            break (trees, (written, relied));
+            break (trees, (written, relied, checked_at));
         }
         if rounds == 3 {
             return Err(Error::InvalidInput(format!(
@@ -140,8 +141,7 @@ pub fn copy(
         }
         dst.condemn(unsafe_packs);
     };
-    let (written, relied) = written;
-    let checked_at = crate::session::boot_time();
+    let (written, relied, checked_at) = written;
     let mut new_ids: HashMap<SnapshotId, SnapshotId> = HashMap::new();
     for ((src_id, snapshot), tree) in todo.into_iter().zip(trees) {
         let copy = Snapshot {
@@ -170,7 +170,7 @@ pub fn copy(
             )));
         }
     }
-    session.finish()?;
+    session.finish();
     report.blobs_added = written.blobs_added;
     report.raw_bytes_added = written.raw_bytes_added;
     report.bytes_added = written.stored_bytes_added;

@@ -176,8 +176,13 @@ pub fn prune(
     // Packs in no index: index them once older than the grace period by the storage's
     // clock (a backup writing them indexes them itself long before).
     let mut replaced_files: Vec<IndexId> = index_files.iter().map(|(id, _)| *id).collect();
+    // The highest generation any session has observed: new ones go above it, even if the
+    // trash file that said so was deleted by hand.
+    let mut floor = 0;
     if let Some(session) = &session {
         let survey = session.survey(repo, &here)?;
+        floor = observed_floor(&survey);
+        fresh(session)?;
         let grace = grace();
         let old = |p: &PackId| {
             stored
@@ -240,10 +245,15 @@ pub fn prune(
         return Ok(report);
     };
     if !to_repack.is_empty() {
+        fresh(&session)?;
         repack(repo, &to_repack, monitor)?;
     }
     if !newly_condemned.is_empty() {
-        trash::condemn(repo, &mut trash, &newly_condemned)?;
+        // A prune paused for long may have been taken for crashed, and another may have
+        // written the trash since: condemning on this stale view would break the rule
+        // that a session knows every condemnation up to the generation it observed.
+        fresh(&session)?;
+        trash::condemn(repo, &mut trash, &newly_condemned, floor)?;
         repo.condemn(newly_condemned.iter().copied());
         // Adding the packs again moves blob locations to live copies where there are any.
         for (_, file) in &index_files {
@@ -260,6 +270,7 @@ pub fn prune(
     if session.lost() {
         return Err(paused());
     }
+    let current = trash.generation;
     let new_snapshots: Vec<SnapshotId> = repo
         .snapshot_ids()?
         .into_iter()
@@ -294,6 +305,13 @@ pub fn prune(
     let mut condemned: Vec<&Condemned> = trash.packs.values().collect();
     condemned.sort_by_key(|c| c.id);
     for c in condemned {
+        // Generation 0: a pack some backup found missing, or a trash file from before
+        // generations. If it is stored after all, sessions may have built on it: it waits
+        // like a pack condemned now.
+        let generation = match c.generation {
+            0 => current,
+            g => g,
+        };
         // Already gone (deleted by hand, or by a prune that stopped before rewriting the
         // trash): nothing to wait for; it leaves the index and the trash.
         if !stored.contains_key(&c.id) {
@@ -311,7 +329,7 @@ pub fn prune(
         }
         let blockers: Vec<String> = live_sessions
             .iter()
-            .filter(|v| !may_delete(c.generation, v.info.as_ref().and_then(|i| i.observed)))
+            .filter(|v| !may_delete(generation, v.info.as_ref().and_then(|i| i.observed)))
             .map(|v| match &v.info {
                 Some(i) => i.describe(),
                 None => format!("unreadable session file {}", v.files.join(", ")),
@@ -334,9 +352,7 @@ pub fn prune(
     // 4. Index first, then packs, then the trash that named them. A prune paused since
     // its decisions may have been taken for crashed, and another may have run: then
     // these decisions are stale.
-    if session.lost() {
-        return Err(paused());
-    }
+    fresh(&session)?;
     let deleted: HashSet<PackId> = deletable.iter().copied().chain(gone).collect();
     if !deleted.is_empty() {
         let keep: Vec<IndexedPack> = packs
@@ -367,9 +383,16 @@ pub fn prune(
             .packs
             .values()
             .filter(|c| deferred.contains(&c.id))
-            .copied()
+            .map(|c| match c.generation {
+                0 => Condemned {
+                    generation: current,
+                    ..*c
+                },
+                _ => *c,
+            })
             .collect();
         let generation = trash.generation;
+        fresh(&session)?;
         trash::replace(repo, &mut trash, generation, remaining)?;
     }
 
@@ -392,7 +415,7 @@ pub fn prune(
             report.sessions_removed += 1;
         }
     }
-    session.finish()?;
+    session.finish();
     report.duration_ms = started.elapsed().as_millis() as u64;
     Ok(report)
 }
@@ -402,6 +425,26 @@ pub fn prune(
 /// with the condemnation in it (then it does not build on the pack).
 pub fn may_delete(condemned: u64, observed: Option<u64>) -> bool {
     observed.is_some_and(|o| o >= condemned)
+}
+
+/// Writes a session file and fails if the session was ever lost: called before each
+/// write that acts on decisions made earlier.
+pub(crate) fn fresh(session: &Session) -> Result<()> {
+    session.beat()?;
+    match session.lost() {
+        true => Err(paused()),
+        false => Ok(()),
+    }
+}
+
+/// The highest trash generation any session, live or ended, says it has observed.
+pub(crate) fn observed_floor(survey: &session::Survey) -> u64 {
+    survey
+        .others
+        .iter()
+        .filter_map(|(v, _)| v.info.as_ref()?.observed)
+        .max()
+        .unwrap_or(0)
 }
 
 fn paused() -> Error {
@@ -461,9 +504,18 @@ impl Used {
     }
 
     fn add_snapshot(&mut self, repo: &Repository, id: &SnapshotId) -> Result<()> {
-        let snapshot = repo
-            .load_snapshot(id)
-            .map_err(|e| refuse(&e, &format!("snapshot {} cannot be read", id.short())))?;
+        let snapshot = match repo.load_snapshot(id) {
+            Ok(snapshot) => snapshot,
+            // Removed since it was listed (forget, or a backup taking it back): it needs
+            // nothing any more.
+            Err(Error::Storage(cairn_storage::StorageError::NotFound { .. })) => return Ok(()),
+            Err(e) => {
+                return Err(refuse(
+                    &e,
+                    &format!("snapshot {} cannot be read", id.short()),
+                ))
+            }
+        };
         self.add_tree(repo, &snapshot.tree).map_err(|e| {
             refuse(
                 &e,

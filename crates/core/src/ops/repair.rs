@@ -56,6 +56,8 @@ pub fn repair_index(
         &crate::session::local_host_name(),
         &crate::session::Host::this(),
     )?;
+    // Read after the session exists, like everything this repair decides on.
+    repo.load_index()?;
     let old: Vec<String> = repo.storage().list("index")?;
     let (known, known_complete) = indexed_by_files(repo)?;
     let packs = repo.list_packs()?;
@@ -104,9 +106,12 @@ pub fn repair_index(
     report.packs_indexed = indexed.len() as u64;
     if known_complete && damaged.is_empty() && same_packs(&known, &indexed) {
         report.up_to_date = true;
-        session.finish()?;
+        session.finish();
         return Ok(report);
     }
+    // A repair paused long enough to be taken for crashed may be acting on packs a prune
+    // has deleted since.
+    crate::ops::prune::fresh(&session)?;
     let new = repo.write_index(indexed)?.map(|id| id.storage_name());
     for name in old {
         if Some(&name) != new.as_ref() {
@@ -121,11 +126,15 @@ pub fn repair_index(
     if !damaged.is_empty() {
         crate::ops::prune::repack(repo, &damaged, monitor)?;
         let damaged: Vec<PackId> = damaged.iter().map(|(id, _)| *id).collect();
-        crate::trash::condemn_with_care(repo, &damaged)?;
+        crate::ops::prune::fresh(&session)?;
+        let floor = crate::ops::prune::observed_floor(
+            &session.survey(repo, &crate::session::Host::this())?,
+        );
+        crate::trash::condemn_with_care(repo, &damaged, floor)?;
         report.packs_condemned = damaged.len() as u64;
         repo.load_index()?;
     }
-    session.finish()?;
+    session.finish();
     Ok(report)
 }
 
@@ -381,7 +390,7 @@ pub fn repair_snapshots(
             .push((old_id.to_hex(), new_id.to_hex()));
     }
     if let Some(session) = session {
-        session.finish()?;
+        session.finish();
     }
     Ok(report)
 }

@@ -214,10 +214,9 @@ impl Sim {
         if lost && self.rules.heartbeat {
             self.beat(a);
         }
-        let trash = match lost {
-            true => Some(self.read_trash(self.st.now)),
-            false => None,
-        };
+        // Read by every session: a condemnation in a generation it observed may go at once.
+        let trash = self.read_trash(self.st.now);
+        let observed = self.actors[a].sess.as_ref().and_then(|s| s.info.observed);
         let b = self.backup_ref(a);
         let relied: HashSet<PackId> = b
             .reused
@@ -237,12 +236,10 @@ impl Sim {
         let bad = unsafe_packs(
             &relied,
             |p| packs.exists(pack_of(p)),
-            |p| {
-                trash
-                    .as_ref()
-                    .is_some_and(|t| t.packs.contains_key(&pack_of(p)) || t.problems)
+            |p| match trash.packs.get(&pack_of(p)) {
+                Some(g) => deletable_under(*g, observed, lost),
+                None => lost && trash.problems,
             },
-            lost,
         );
         let bad: Vec<u64> = bad.iter().map(pack_of).collect();
         if !bad.is_empty() {

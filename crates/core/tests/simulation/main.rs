@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, SystemTime};
 
-use cairn_core::commit::unsafe_packs;
+use cairn_core::commit::{deletable_under, unsafe_packs};
 use cairn_core::id::PackId;
 use cairn_core::ops::prune::may_delete;
 use cairn_core::session::{judge, Host, SessionInfo, SessionKind, Standing, MISSED_BEATS};
@@ -155,6 +155,8 @@ struct Prune {
     stored: HashMap<u64, u64>,
     /// Packs the index files name that storage lacks.
     gone: Vec<u64>,
+    /// The highest generation any session had observed when surveyed.
+    floor: u64,
     replaced: Vec<u64>,
     unindexed: usize,
     survey: Option<Survey>,
@@ -313,6 +315,7 @@ impl Sim {
             packs: BTreeMap::new(),
             stored: HashMap::new(),
             gone: Vec::new(),
+            floor: 0,
             replaced: Vec::new(),
             unindexed: 0,
             survey: None,
@@ -509,7 +512,8 @@ impl Sim {
                     Some(file) => {
                         trash.generation = trash.generation.max(file.generation);
                         for (p, g) in &file.packs {
-                            trash.packs.entry(*p).or_insert(*g);
+                            let kept = trash.packs.entry(*p).or_insert(*g);
+                            *kept = (*kept).max(*g);
                         }
                         trash.files.push(name);
                     }
@@ -547,8 +551,8 @@ impl Sim {
     }
 
     /// `trash::condemn`, or for variant (e) a file of only the new condemnations.
-    fn condemn(&mut self, trash: &mut Trash, packs: &[u64]) -> u64 {
-        let generation = trash.generation + 1;
+    fn condemn(&mut self, trash: &mut Trash, packs: &[u64], floor: u64) -> u64 {
+        let generation = trash.generation.max(floor) + 1;
         let new: Vec<(u64, u64)> = packs
             .iter()
             .filter(|p| !trash.packs.contains_key(p))
@@ -966,35 +970,26 @@ fn ignoring_observed_generations_loses_data() {
     rule_matters("observed generations ignored", rules, 3000);
 }
 
-/// Rules (f) and (g) are what mend seed 18976: without them it breaks the index (found
-/// at the 18,977th seed, too far for every CI run to search, so the seed is named).
+/// Rules (f) and (g) mended seed 18976 of the model as it was then (a prune paused after
+/// its decisions wrote an index naming packs another prune had deleted). The model has
+/// changed since (every commit check reads the trash, prunes check before each write),
+/// so seeds replay other schedules; this searches for a seed that breaks an invariant
+/// without (f) and (g), and is run by hand: `CAIRN_SIM_SEEDS=N` widens the search.
 #[test]
-fn without_dropping_gone_packs_and_the_recheck_seed_18976_breaks_the_index() {
+#[ignore = "searches tens of thousands of seeds"]
+fn without_dropping_gone_packs_and_the_recheck_the_index_breaks() {
     let rules = Rules {
         gone_packs: false,
         recheck_before_writing: false,
         ..ALL_RULES
     };
-    let result = run_seed(18976, rules);
-    assert!(
-        result.is_err(),
-        "seed 18976 passes without rules (f) and (g)"
+    let limit = env_u64("CAIRN_SIM_SEEDS").unwrap_or(50_000);
+    let found = first_failure(rules, limit, false);
+    assert!(found.is_some(), "no seed below {limit} breaks an invariant");
+    println!(
+        "first failing seed: {:?}",
+        found.map(|(s, e)| (s, e.chars().take(120).collect::<String>()))
     );
-}
-
-/// Two prunes at once would write trash files of the same generation, and a backup that
-/// read one of them before the other was written would claim a generation whose
-/// condemnations it does not all know. No seed below 20,000 has lost data that way yet
-/// (the window is a backup starting between two prunes' trash writes); the rule stays on
-/// the argument's strength, and this test is run by hand.
-#[test]
-#[ignore = "no seed below 20,000 loses data through two prunes at once alone"]
-fn two_prunes_at_once_lose_data() {
-    let rules = Rules {
-        one_prune: false,
-        ..ALL_RULES
-    };
-    rule_matters("two prunes at once", rules, 3000);
 }
 
 /// Not a rule but the storage's promise: a listing shows every file that stays in place

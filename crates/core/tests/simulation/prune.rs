@@ -44,8 +44,9 @@ impl Sim {
                 let mut snapshots = HashSet::new();
                 let mut used = HashSet::new();
                 for (name, _) in self.st.snapshots.list(from, self.st.now, &mut self.rng) {
+                    // Removed since it was listed: it needs nothing.
                     let Some(blobs) = self.st.snapshots.get(name) else {
-                        return self.refuse(a, "a snapshot cannot be read");
+                        continue;
                     };
                     used.extend(blobs.iter().copied());
                     snapshots.insert(name);
@@ -100,6 +101,12 @@ impl Sim {
                 let Some(survey) = self.survey(a) else {
                     return self.refuse(a, "own session file missing");
                 };
+                self.prune(a).floor = survey
+                    .others
+                    .iter()
+                    .filter_map(|(v, _)| v.info.observed)
+                    .max()
+                    .unwrap_or(0);
                 let p = self.prune_ref(a);
                 let adopted: Vec<(u64, Vec<u32>)> = self
                     .st
@@ -142,7 +149,15 @@ impl Sim {
                     .collect();
                 if !newly.is_empty() {
                     let mut trash = std::mem::take(&mut self.prune(a).trash);
-                    let g = self.condemn(&mut trash, &newly);
+                    if self.rules.recheck_before_writing {
+                        self.beat(a);
+                        if self.lost(a) {
+                            self.prune(a).trash = trash;
+                            return self.refuse(a, "paused before condemning");
+                        }
+                    }
+                    let floor = self.prune_ref(a).floor;
+                    let g = self.condemn(&mut trash, &newly, floor);
                     self.log(|| format!("actor {a}: condemns {newly:x?} in generation {g}"));
                     let p = self.prune(a);
                     p.trash = trash;
@@ -166,8 +181,9 @@ impl Sim {
                     if self.prune_ref(a).snapshots.contains(&name) {
                         continue;
                     }
+                    // Removed since it was listed: it needs nothing.
                     let Some(blobs) = self.st.snapshots.get(name) else {
-                        return self.refuse(a, "a snapshot cannot be read");
+                        continue;
                     };
                     new_snapshots.extend(blobs.iter().copied());
                 }
@@ -196,7 +212,13 @@ impl Sim {
                 let mut condemned: Vec<(u64, u64)> =
                     p.trash.packs.iter().map(|(p, g)| (*p, *g)).collect();
                 condemned.sort_unstable();
+                let current = p.trash.generation;
                 for (id, generation) in condemned {
+                    // Generation 0 (found missing by a backup): waits like one condemned now.
+                    let generation = match generation {
+                        0 => current,
+                        g => g,
+                    };
                     if !p.stored.contains_key(&id) {
                         p.deletable.push(id);
                         continue;
@@ -235,8 +257,11 @@ impl Sim {
                 self.prune(a).step = PStep::WriteIndex;
             }
             PStep::WriteIndex => {
-                if self.rules.recheck_before_writing && self.lost(a) {
-                    return self.refuse(a, "paused since its decisions");
+                if self.rules.recheck_before_writing {
+                    self.beat(a);
+                    if self.lost(a) {
+                        return self.refuse(a, "paused since its decisions");
+                    }
                 }
                 let p = self.prune_ref(a);
                 if !p.deletable.is_empty() || !p.gone.is_empty() {
@@ -263,13 +288,20 @@ impl Sim {
             PStep::Trash => {
                 let p = self.prune_ref(a);
                 if !p.deletable.is_empty() || !p.rescued.is_empty() {
+                    let current = p.trash.generation;
                     let mut remaining: Vec<(u64, u64)> = p
                         .trash
                         .packs
                         .iter()
                         .filter(|(id, _)| p.deferred.contains(id))
-                        .map(|(id, g)| (*id, *g))
+                        .map(|(id, g)| (*id, if *g == 0 { current } else { *g }))
                         .collect();
+                    if self.rules.recheck_before_writing {
+                        self.beat(a);
+                        if self.lost(a) {
+                            return self.refuse(a, "paused before rewriting the trash");
+                        }
+                    }
                     remaining.sort_unstable();
                     let mut trash = std::mem::take(&mut self.prune(a).trash);
                     let generation = trash.generation;
