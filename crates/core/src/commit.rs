@@ -120,9 +120,6 @@ pub fn save_snapshot(
     if unsafe_packs.is_empty() {
         return Ok(Ok(id));
     }
-    match repo.storage().delete(&id.storage_name()) {
-        Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
+    cairn_storage::delete_if_present(repo.storage().as_ref(), &id.storage_name())?;
     Ok(Err(unsafe_packs))
 }

@@ -714,3 +714,18 @@ fn open_key(storage: &dyn Storage, password: &[u8]) -> Result<MasterKey> {
     }
     Err(Error::WrongPassword { location })
 }
+
+/// A repository in `dir` with a key that derives in a moment, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_repository(dir: &std::path::Path) -> Repository {
+    let opts = InitOptions {
+        kdf: KdfParams {
+            memory_kib: 8,
+            iterations: 1,
+            parallelism: 1,
+        },
+        ..InitOptions::default()
+    };
+    let storage = Arc::new(cairn_storage::LocalStorage::new(dir));
+    Repository::init(storage, b"pw", &opts).expect("a test repository")
+}

@@ -414,7 +414,7 @@ impl Session {
         let files = std::mem::take(&mut self.shared.lock().files);
         let mut left = Vec::new();
         for name in files {
-            if delete_quietly(self.shared.storage.as_ref(), &name).is_err() {
+            if cairn_storage::delete_if_present(self.shared.storage.as_ref(), &name).is_err() {
                 left.push(name);
             }
         }
@@ -513,23 +513,16 @@ impl Shared {
             state.files.drain(..excess).collect::<Vec<_>>()
         };
         for name in old {
-            delete_quietly(self.storage.as_ref(), &name)?;
+            cairn_storage::delete_if_present(self.storage.as_ref(), &name)?;
         }
         Ok(())
-    }
-}
-
-fn delete_quietly(storage: &dyn Storage, name: &str) -> Result<()> {
-    match storage.delete(name) {
-        Ok(()) | Err(StorageError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
     }
 }
 
 /// Deletes the files of sessions that ended without doing so.
 pub fn remove(repo: &Repository, view: &SessionView) -> Result<()> {
     for name in &view.files {
-        delete_quietly(repo.storage().as_ref(), name)?;
+        cairn_storage::delete_if_present(repo.storage().as_ref(), name)?;
     }
     Ok(())
 }
@@ -665,18 +658,7 @@ mod tests {
         ));
     }
 
-    fn repository(dir: &std::path::Path) -> Repository {
-        let opts = crate::repo::InitOptions {
-            kdf: crate::crypto::KdfParams {
-                memory_kib: 8,
-                iterations: 1,
-                parallelism: 1,
-            },
-            ..crate::repo::InitOptions::default()
-        };
-        let storage = Arc::new(cairn_storage::LocalStorage::new(dir));
-        Repository::init(storage, b"pw", &opts).unwrap()
-    }
+    use crate::repo::test_repository as repository;
 
     #[test]
     fn a_session_finished_at_once_ends_at_once_and_leaves_no_file() {

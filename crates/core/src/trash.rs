@@ -153,10 +153,7 @@ pub fn replace(
     )?;
     for old in &trash.files {
         if *old != name {
-            match repo.storage().delete(old) {
-                Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
+            cairn_storage::delete_if_present(repo.storage().as_ref(), old)?;
         }
     }
     trash.files = vec![name];
@@ -229,22 +226,9 @@ pub fn mark_missing(repo: &Repository, packs: &[PackId]) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
 
-    fn repository(dir: &std::path::Path) -> Repository {
-        let opts = crate::repo::InitOptions {
-            kdf: crate::crypto::KdfParams {
-                memory_kib: 8,
-                iterations: 1,
-                parallelism: 1,
-            },
-            ..crate::repo::InitOptions::default()
-        };
-        let storage = Arc::new(cairn_storage::LocalStorage::new(dir));
-        Repository::init(storage, b"pw", &opts).unwrap()
-    }
+    use crate::repo::test_repository as repository;
 
     fn pack(n: u8) -> PackId {
         PackId([n; 32])

@@ -23,6 +23,15 @@ pub use remote::{RemoteStorage, S3Config, SftpConfig};
 
 use std::time::SystemTime;
 
+/// Deletes `name` if it is there: for files that another process (a prune, a session's
+/// own cleanup) may have removed first, where either way the file is gone as wanted.
+pub fn delete_if_present(storage: &dyn Storage, name: &str) -> Result<()> {
+    match storage.delete(name) {
+        Ok(()) | Err(StorageError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// A store of named, write-once files.
 ///
 /// Names are relative paths of `/`-separated components of ASCII letters, digits, `.`,

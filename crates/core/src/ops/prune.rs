@@ -460,10 +460,10 @@ fn refuse(e: &Error, what: &str) -> Error {
 }
 
 fn delete_quietly(repo: &Repository, name: &str) -> Result<()> {
-    match repo.storage().delete(name) {
-        Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(cairn_storage::delete_if_present(
+        repo.storage().as_ref(),
+        name,
+    )?)
 }
 
 /// Copies the needed blobs of mostly unused packs into new packs, and indexes those.

@@ -115,10 +115,7 @@ pub fn repair_index(
     let new = repo.write_index(indexed)?.map(|id| id.storage_name());
     for name in old {
         if Some(&name) != new.as_ref() {
-            match repo.storage().delete(&name) {
-                Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
+            cairn_storage::delete_if_present(repo.storage().as_ref(), &name)?;
             report.index_files_replaced += 1;
         }
     }
