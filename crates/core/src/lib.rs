@@ -14,6 +14,7 @@ pub mod error;
 pub mod fsmeta;
 pub mod id;
 pub mod index;
+pub mod keyfile;
 pub mod monitor;
 pub mod object;
 pub mod ops;

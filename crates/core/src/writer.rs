@@ -555,7 +555,7 @@ mod tests {
     use cairn_storage::LocalStorage;
 
     use super::*;
-    use crate::crypto::KdfParams;
+    use crate::keyfile::KdfParams;
     use crate::monitor::NullMonitor;
     use crate::ops::check::{check, CheckOptions};
     use crate::repo::InitOptions;

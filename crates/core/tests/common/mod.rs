@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use cairn_core::crypto::KdfParams;
 use cairn_core::id::BlobId;
+use cairn_core::keyfile::KdfParams;
 use cairn_core::snapshot::{Snapshot, SnapshotSummary};
 use cairn_core::storage::LocalStorage;
 use cairn_core::tree::{Node, NodeKind};
