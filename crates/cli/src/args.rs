@@ -491,6 +491,15 @@ pub struct RestoreArgs {
     /// the directories restored; implies --overwrite if-changed unless one is given
     #[arg(long)]
     pub delete: bool,
+    /// Make no FIFOs or device nodes (sockets are never made); each one left out is
+    /// listed. Without root, device nodes cannot be made anyway: each is an error
+    #[arg(long)]
+    pub no_special_files: bool,
+    /// Clear setuid and setgid bits of restored files (directories keep setgid); each
+    /// file changed is listed. Root restores them by default, as a system restore needs;
+    /// use this for a snapshot you do not trust or a tree another user owns
+    #[arg(long)]
+    pub no_setuid: bool,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

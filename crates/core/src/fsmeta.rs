@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::fs::Metadata;
 use std::io;
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -157,49 +158,138 @@ fn is_unsupported(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOTSUP) | Some(libc::ENODATA))
 }
 
-/// Applies owner (when `owners`), xattrs, mode and times of `node` to `path`, in the order
-/// that keeps each step from undoing another: chown clears setuid bits, so mode comes after.
-/// Returns the first failure after trying every step.
-pub fn apply(path: &Path, node: &Node, owners: bool) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let is_link = matches!(node.kind, NodeKind::Symlink { .. });
-    let mtime = filetime::FileTime::from_unix_time(node.mtime.sec, node.mtime.nsec);
+/// How [`apply_to_fd`] and [`apply_beneath`] set an entry's metadata.
+#[derive(Debug, Clone, Copy)]
+pub struct ApplyOptions {
+    /// Set owner and group (needs root).
+    pub owners: bool,
+    /// The mode to set; `None` when the entry was created with it already.
+    pub mode: Option<u32>,
+}
+
+/// Applies owner (when `owners`), xattrs, mode and times of `node` to the open file or
+/// directory `fd`, in the order that keeps each step from undoing another: chown clears
+/// setuid bits, so mode comes after it, and times come last (restore relies on a file's
+/// mtime being set only once it is complete). No path is looked up, so nothing can
+/// redirect these calls. Returns the first failure after trying every step.
+pub fn apply_to_fd(fd: BorrowedFd<'_>, node: &Node, opts: ApplyOptions) -> io::Result<()> {
+    use rustix::fs::{Gid, Uid, XattrFlags};
     apply_steps(
         node,
-        owners,
-        || std::os::unix::fs::lchown(path, Some(node.uid), Some(node.gid)),
-        |x| match xattr::set(path, std::ffi::OsStr::from_bytes(&x.name), &x.value) {
-            Err(e) if is_link && e.raw_os_error() == Some(libc::EPERM) => Ok(()),
-            r => r,
-        },
+        opts.owners,
         || {
-            use std::os::unix::fs::PermissionsExt;
-            if is_link {
-                return Ok(());
-            }
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(node.mode))
+            let (uid, gid) = (Uid::from_raw(node.uid), Gid::from_raw(node.gid));
+            Ok(rustix::fs::fchown(fd, Some(uid), Some(gid))?)
         },
-        || filetime::set_symlink_file_times(path, mtime, mtime),
+        |x| {
+            Ok(rustix::fs::fsetxattr(
+                fd,
+                x.name.as_slice(),
+                &x.value,
+                XattrFlags::empty(),
+            )?)
+        },
+        || match opts.mode {
+            Some(mode) => Ok(rustix::fs::fchmod(
+                fd,
+                rustix::fs::Mode::from_raw_mode(mode),
+            )?),
+            None => Ok(()),
+        },
+        || Ok(rustix::fs::futimens(fd, &timestamps(node))?),
     )
 }
 
-/// As [`apply`], for an open regular file: no path lookup for each step (a restore
-/// finishes every file it writes so).
-pub fn apply_to_file(file: &std::fs::File, node: &Node, owners: bool) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    use xattr::FileExt;
-    let mtime = filetime::FileTime::from_unix_time(node.mtime.sec, node.mtime.nsec);
+/// As [`apply_to_fd`], for entry `name` of directory `dir` that cannot be opened for
+/// writing: a symlink, FIFO or device node (opening a device may have effects of its
+/// own). The entry is opened with `O_PATH | O_NOFOLLOW` and must still be of `node`'s
+/// kind, so that one another user put in its place (a hard link to a file of someone
+/// else's) is refused; owner and mode are then set through that descriptor, times with
+/// `utimensat(dir, name, AT_SYMLINK_NOFOLLOW)`. A symlink has no mode of its own.
+pub fn apply_beneath(
+    dir: BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    node: &Node,
+    opts: ApplyOptions,
+) -> io::Result<()> {
+    use rustix::fs::{AtFlags, FileType, Gid, OFlags, Uid, XattrFlags};
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode);
+    let expected = match node.kind {
+        NodeKind::Symlink { .. } => FileType::Symlink,
+        NodeKind::Fifo => FileType::Fifo,
+        NodeKind::CharDevice { .. } => FileType::CharacterDevice,
+        NodeKind::BlockDevice { .. } => FileType::BlockDevice,
+        NodeKind::Socket => FileType::Socket,
+        NodeKind::File { .. } => FileType::RegularFile,
+        NodeKind::Dir { .. } => FileType::Directory,
+    };
+    if kind != expected {
+        return Err(io::Error::other(
+            "was replaced by another kind of entry during the restore; its metadata was not applied",
+        ));
+    }
+    let is_link = kind == FileType::Symlink;
+    // The descriptor through /proc: it names the opened inode itself (for a symlink, the
+    // link, not what it points to), for the calls that take no O_PATH descriptor.
+    let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
     apply_steps(
         node,
-        owners,
-        || std::os::unix::fs::fchown(file, Some(node.uid), Some(node.gid)),
-        |x| file.set_xattr(std::ffi::OsStr::from_bytes(&x.name), &x.value),
+        opts.owners,
         || {
-            use std::os::unix::fs::PermissionsExt;
-            file.set_permissions(std::fs::Permissions::from_mode(node.mode))
+            let (uid, gid) = (Uid::from_raw(node.uid), Gid::from_raw(node.gid));
+            Ok(rustix::fs::chownat(
+                &fd,
+                c"",
+                Some(uid),
+                Some(gid),
+                AtFlags::EMPTY_PATH,
+            )?)
         },
-        || filetime::set_file_handle_times(file, Some(mtime), Some(mtime)),
+        |x| match rustix::fs::setxattr(
+            proc.as_str(),
+            x.name.as_slice(),
+            &x.value,
+            XattrFlags::empty(),
+        ) {
+            // Linux allows no user.* attributes on symlinks.
+            Err(rustix::io::Errno::PERM) if is_link => Ok(()),
+            r => Ok(r?),
+        },
+        || match opts.mode {
+            Some(mode) if !is_link => Ok(rustix::fs::chmodat(
+                rustix::fs::CWD,
+                proc.as_str(),
+                rustix::fs::Mode::from_raw_mode(mode),
+                AtFlags::empty(),
+            )?),
+            _ => Ok(()),
+        },
+        || {
+            Ok(rustix::fs::utimensat(
+                dir,
+                name,
+                &timestamps(node),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?)
+        },
     )
+}
+
+fn timestamps(node: &Node) -> rustix::fs::Timestamps {
+    let t = rustix::fs::Timespec {
+        tv_sec: node.mtime.sec,
+        tv_nsec: node.mtime.nsec.into(),
+    };
+    rustix::fs::Timestamps {
+        last_access: t,
+        last_modification: t,
+    }
 }
 
 /// The steps of [`apply`] in their order, each tried even when an earlier one failed.

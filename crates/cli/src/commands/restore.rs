@@ -43,6 +43,8 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         includes: a.includes.clone(),
         excludes: a.excludes.clone(),
         delete: a.delete,
+        no_special_files: a.no_special_files,
+        no_setuid: a.no_setuid,
     };
     let monitor = Progress::files(g, "restore");
     let counting = AtomicBool::new(true);
@@ -64,6 +66,19 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         stats
     })?;
     monitor.finish();
+    // Listed whatever the output mode: nothing is left out without a word. With --json
+    // the same lists are in the summary.
+    for w in &stats.warnings {
+        eprintln!("warning: {w}");
+    }
+    if !g.json {
+        for s in &stats.specials_skipped {
+            eprintln!("not restored ({}): {}", s.kind, s.path);
+        }
+        for path in &stats.setuid_cleared {
+            eprintln!("setuid/setgid bits cleared (--no-setuid): {path}");
+        }
+    }
     if g.json {
         let mut v = serde_json::to_value(&stats)?;
         v["snapshot_id"] = id.to_hex().into();

@@ -15,6 +15,7 @@ pub mod repair;
 pub mod restore;
 pub mod restore_filter;
 mod restore_packs;
+mod restore_target;
 pub mod select;
 pub mod stats;
 pub mod walk;

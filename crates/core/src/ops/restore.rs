@@ -1,37 +1,45 @@
 //! `restore`: recreate a snapshot (or part of one) below a target directory, with contents
 //! and metadata. Two promises: nothing is written outside the target, whatever names the
-//! snapshot holds, and no restored file ever holds wrong bytes (each file is written under
-//! a temporary name from verified blobs and renamed into place only when complete).
+//! snapshot holds and whatever other users do to the target while it runs; and no
+//! restored file ever holds wrong bytes (each file is written under a temporary name from
+//! verified blobs, its mtime set last, and renamed into place only when complete).
+//!
+//! The first promise rests on `ops::restore_target`: the walk holds each directory open
+//! and makes every entry relative to its parent's descriptor, never through a path
+//! string, so a directory swapped for a symlink during the restore is not followed.
 //!
 //! Into an existing target, `Overwrite::IfChanged` makes a restore resumable: a file whose
 //! size and mtime already match the snapshot (and, with `verify`, whose contents cut and
 //! hash to the snapshot's chunk ids) is left as it is, and the temporary files an
 //! interrupted run left behind are removed. `delete` removes what the selection does not
-//! hold, never following a symlink (directories are entered only after `lstat` says they
-//! are directories, and `remove_dir_all` does not follow links).
+//! hold, never following a symlink (directories are opened with `O_NOFOLLOW` and emptied
+//! through their own descriptors).
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, File, OpenOptions};
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
+use rustix::fs::FileType;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::fsmeta;
+use crate::fsmeta::{self, ApplyOptions};
 use crate::id::BlobId;
 use crate::monitor::Monitor;
 use crate::ops::backup::SourceProblem;
 use crate::ops::browse::{self, Entry};
 use crate::ops::restore_filter::{child_path, RestoreFilter, Selection};
 use crate::ops::restore_packs::{self, FileDone, FileJob};
+use crate::ops::restore_target::Dir;
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
-use crate::tree::{is_safe_name, Node, NodeKind};
+use crate::tree::{is_safe_name, Node, NodeKind, Time};
 
 /// What to do with files that already exist in the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +76,13 @@ pub struct RestoreOptions {
     /// Remove entries of the target's restored directories that the snapshot does not
     /// hold and the filters select.
     pub delete: bool,
+    /// Make no FIFOs or device nodes (sockets are never made); each one left out is
+    /// listed in `RestoreStats::specials_skipped`.
+    pub no_special_files: bool,
+    /// Clear the setuid and setgid bits of everything but directories (where setgid
+    /// only passes the group on); each file changed so is listed in
+    /// `RestoreStats::setuid_cleared`.
+    pub no_setuid: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -87,6 +102,15 @@ pub struct RestoreStats {
     pub temp_files_removed: u64,
     /// Sockets are not restored: the program that made one makes it again.
     pub sockets_skipped: u64,
+    /// Sockets, and with `no_special_files` FIFOs and device nodes, not made: each path
+    /// and its kind.
+    pub specials_skipped: Vec<SkippedEntry>,
+    /// Files restored without the setuid/setgid bits the snapshot gives them
+    /// (`no_setuid`).
+    pub setuid_cleared: Vec<String>,
+    /// Things the user should know that did not stop the restore (root restoring into a
+    /// tree that another user owns).
+    pub warnings: Vec<String>,
     pub files_verified: u64,
     /// Packs the restore read file contents from, each once, front to back (a pack whose
     /// blobs the walk needs far apart may be read once for each batch of files).
@@ -95,6 +119,13 @@ pub struct RestoreStats {
     pub bytes_read: u64,
     pub errors: Vec<SourceProblem>,
     pub duration_ms: u64,
+}
+
+/// An entry of the snapshot that restore did not make, and what kind it is.
+#[derive(Debug, Clone, Serialize)]
+pub struct SkippedEntry {
+    pub path: String,
+    pub kind: &'static str,
 }
 
 pub fn restore(
@@ -115,7 +146,9 @@ pub fn restore(
         Entry::Root(tree) => filter.check_all_match(repo, Some(tree), None)?,
         Entry::Node(node) => filter.check_all_match(repo, None, Some((node, &start_path)))?,
     }
-    let existed = prepare_target(&opts.target, opts.overwrite.is_some())?;
+    let (target, existed) = prepare_target(&opts.target, opts.overwrite.is_some())?;
+    let target = Arc::new(target);
+    raise_open_files_limit();
     // A remote store answers each read after a round trip: more files in flight there.
     let writers = if repo.storage().is_remote() {
         REMOTE_WRITERS
@@ -125,12 +158,16 @@ pub fn restore(
     // A rendezvous: the walk makes the next batch while the last one is written.
     let (batch_tx, batch_rx) = crossbeam_channel::bounded::<Vec<FileJob>>(0);
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<FileDone>();
+    let euid = rustix::process::geteuid().as_raw();
     let mut r = Restorer {
         repo,
         opts,
         monitor,
         filter,
         stats: RestoreStats::default(),
+        target: target.clone(),
+        euid,
+        umask: process_umask(),
         links: HashMap::new(),
         pending: Vec::new(),
         jobs: Some(batch_tx),
@@ -141,6 +178,7 @@ pub fn restore(
         dirs: Vec::new(),
         in_flight: HashMap::new(),
     };
+    r.check_owner(&target);
     let walked = std::thread::scope(|scope| {
         let fill = scope
             .spawn(move || restore_packs::fill(repo, opts, monitor, writers, batch_rx, &done_tx));
@@ -156,16 +194,17 @@ pub fn restore(
     });
     r.collect_done();
     // Files the writers never reported (a writer thread panicked) were not restored.
-    let mut lost: Vec<(PathBuf, PathBuf)> = r.in_flight.drain().collect();
-    lost.sort();
-    for (tmp, path) in lost {
-        let _ = fs::remove_file(&tmp);
+    let mut lost: Vec<(PathBuf, (Arc<Dir>, OsString, PathBuf))> = r.in_flight.drain().collect();
+    lost.sort_by(|a, b| a.0.cmp(&b.0));
+    for (_, (dir, tmp, path)) in lost {
+        let _ = dir.remove_file(&tmp);
         r.problem(&path, &"not restored: a writer thread stopped unexpectedly");
     }
-    // Directory times last: writing into a directory changes its mtime.
-    for (path, node) in std::mem::take(&mut r.dirs).into_iter().rev() {
-        if let Err(e) = fsmeta::apply(&path, &node, opts.owners) {
-            r.problem(&path, &format!("metadata not fully restored: {e}"));
+    // Directory metadata last, deepest first: writing into a directory changes its mtime,
+    // and a directory's final mode may keep restore itself out.
+    for d in std::mem::take(&mut r.dirs).into_iter().rev() {
+        if let Err(e) = r.apply_dir(&d) {
+            r.problem(&d.path, &format!("metadata not fully restored: {e}"));
         }
     }
     walked?;
@@ -180,23 +219,41 @@ const WRITERS: usize = 8;
 /// As many as the remote store's limit on concurrent requests.
 const REMOTE_WRITERS: usize = 16;
 
-/// Creates the target if needed; returns whether it was there and not empty.
-fn prepare_target(target: &Path, may_overwrite: bool) -> Result<bool> {
-    match fs::read_dir(target) {
-        Ok(mut entries) => {
-            let has_entries = entries.next().is_some();
-            if has_entries && !may_overwrite {
-                return Err(Error::TargetNotEmpty {
-                    target: target.to_path_buf(),
-                });
-            }
-            Ok(has_entries)
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(target)
-            .map(|_| false)
-            .map_err(|e| Error::io(target, e)),
-        Err(e) => Err(Error::io(target, e)),
+/// Opens the target, creating it if needed; returns it and whether it was there and not
+/// empty. A target this restore made counts as fresh: nothing in it needs a look first.
+fn prepare_target(target: &Path, may_overwrite: bool) -> Result<(Dir, bool)> {
+    let was_there = std::fs::symlink_metadata(target).is_ok();
+    let mut dir = Dir::open_target(target).map_err(|e| Error::io(target, e))?;
+    let has_entries = dir.has_entries().map_err(|e| Error::io(target, e))?;
+    if has_entries && !may_overwrite {
+        return Err(Error::TargetNotEmpty {
+            target: target.to_path_buf(),
+        });
     }
+    dir.fresh = !was_there && !has_entries && dir.uid == rustix::process::geteuid().as_raw();
+    Ok((dir, has_entries))
+}
+
+/// The walk holds every directory from the target down to the current one open, and
+/// each batch of files in flight holds its files' directories: on a deep tree with
+/// small directories that can pass the usual soft limit of 1,024 descriptors. Raise it
+/// to the hard limit, as Go and many servers do at start; failing that, restore goes on
+/// with what it has (an open that fails is reported like any other problem).
+fn raise_open_files_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
+}
+
+/// The process's umask, from /proc (reading it with `umask(2)` would change it for a
+/// moment under the other threads' feet); `None` if unknown.
+fn process_umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
 }
 
 /// Whether `name` is one of restore's temporary files (`.cairn-restore-` and 16 hex).
@@ -215,11 +272,59 @@ enum Existing {
     Keep,
 }
 
+/// An entry found in the target, as `lstat` describes it.
+struct Found {
+    kind: FileType,
+    size: u64,
+    mtime: Time,
+    rdev: u64,
+    dev: u64,
+    ino: u64,
+}
+
+impl From<rustix::fs::Stat> for Found {
+    fn from(st: rustix::fs::Stat) -> Found {
+        Found {
+            kind: FileType::from_raw_mode(st.st_mode),
+            size: st.st_size as u64,
+            mtime: Time {
+                sec: st.st_mtime,
+                nsec: st.st_mtime_nsec.clamp(0, 999_999_999) as u32,
+            },
+            rdev: st.st_rdev,
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+}
+
 /// A directory entered because it may hold selected entries, created on first need.
 struct PendingDir {
+    /// The directory it goes in; `None`: the pending directory below it in the stack.
+    parent: Option<Arc<Dir>>,
+    name: OsString,
     path: PathBuf,
-    created: bool,
+    /// Once created (or found).
+    dir: Option<Arc<Dir>>,
     existed: bool,
+}
+
+/// A restored directory, for its metadata at the end: opened again beneath the target
+/// by `rel`, and only if it is still the directory restore made or entered.
+struct DirMeta {
+    rel: PathBuf,
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    node: Node,
+}
+
+/// The first restored name of a file with hard links, which later names link to.
+#[derive(Clone)]
+struct FirstLink {
+    /// Its directory, relative to the target.
+    rel_dir: PathBuf,
+    name: OsString,
 }
 
 struct Restorer<'a> {
@@ -228,8 +333,11 @@ struct Restorer<'a> {
     monitor: &'a dyn Monitor,
     filter: RestoreFilter,
     stats: RestoreStats,
-    /// (device, inode) at backup time → first restored path, to recreate hard links.
-    links: HashMap<(u64, u64), PathBuf>,
+    target: Arc<Dir>,
+    euid: u32,
+    umask: Option<u32>,
+    /// (device, inode) at backup time → first restored name, to recreate hard links.
+    links: HashMap<(u64, u64), FirstLink>,
     /// Directories above the current entry that only the filter's search entered.
     pending: Vec<PendingDir>,
     /// Batches of files for the writer threads; `None` once the walk is over.
@@ -241,29 +349,60 @@ struct Restorer<'a> {
     batch_limit: usize,
     done: crossbeam_channel::Receiver<FileDone>,
     /// Restored directories in the order they were created, for their metadata at the end.
-    dirs: Vec<(PathBuf, Node)>,
-    /// Temporary files the writer threads are filling, and the paths they will take.
-    in_flight: HashMap<PathBuf, PathBuf>,
+    dirs: Vec<DirMeta>,
+    /// Temporary files the writer threads are filling (by display path): their
+    /// directory, name and the path they will take.
+    in_flight: HashMap<PathBuf, (Arc<Dir>, OsString, PathBuf)>,
 }
 
 impl Restorer<'_> {
     /// Restores from `start` into the target.
     fn walk(&mut self, start: Entry, existed: bool, start_path: &[u8]) -> Result<()> {
-        let target = self.opts.target.clone();
+        let target = self.target.clone();
         match start {
-            Entry::Root(tree) => self.restore_tree(&tree, &target, start_path, false, existed)?,
+            Entry::Root(tree) => self.restore_tree(
+                &tree,
+                Some(&target),
+                &target.path,
+                start_path,
+                false,
+                existed,
+            )?,
             Entry::Node(Node {
                 kind: NodeKind::Dir { subtree },
                 ..
-            }) => self.restore_tree(&subtree, &target, start_path, false, existed)?,
+            }) => self.restore_tree(
+                &subtree,
+                Some(&target),
+                &target.path,
+                start_path,
+                false,
+                existed,
+            )?,
             Entry::Node(node) => {
                 if self.filter.select(start_path, false, false) == Selection::All {
-                    let path = target.join(std::ffi::OsStr::from_bytes(&node.name));
-                    self.restore_node(&node, &path, start_path, true)?;
+                    let path = target.join(OsStr::from_bytes(&node.name));
+                    self.restore_node(&node, Some(&target), &path, start_path, true)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Warns (once) when root works in a directory that another user owns: that user
+    /// can race the restore. Nothing escapes the target whatever they do, but what lands
+    /// inside it is theirs to move around.
+    fn check_owner(&mut self, dir: &Dir) {
+        if self.euid == 0 && dir.uid != 0 && self.stats.warnings.is_empty() {
+            self.stats.warnings.push(format!(
+                "restoring as root into {}, which user id {} owns: that user can move \
+                 restored files around while the restore runs (nothing is written outside \
+                 the target); consider --no-setuid and --no-special-files, or restoring into \
+                 a directory only root can write and moving the result",
+                dir.path.display(),
+                dir.uid
+            ));
+        }
     }
 
     /// Hands the gathered files to the writer threads.
@@ -278,7 +417,7 @@ impl Restorer<'_> {
             None => Some(batch),
         };
         for job in unsent.into_iter().flatten() {
-            self.in_flight.remove(&job.tmp);
+            self.in_flight.remove(&job.dir.join(&job.tmp));
             self.problem(&job.path, &"not restored: the writer threads stopped");
         }
     }
@@ -313,13 +452,52 @@ impl Restorer<'_> {
         });
     }
 
-    /// Restores the entries of `tree` into `dir` (snapshot path `snap`); `inside` when
+    /// The mode to give `node`: its own, without setuid and setgid bits with
+    /// `no_setuid` (directories keep theirs: setgid there only passes the group on).
+    fn mode_of(&mut self, node: &Node, path: &Path) -> u32 {
+        let mode = node.mode & 0o7777;
+        if self.opts.no_setuid
+            && mode & 0o6000 != 0
+            && !matches!(node.kind, NodeKind::Dir { .. } | NodeKind::Symlink { .. })
+        {
+            self.stats
+                .setuid_cleared
+                .push(path.to_string_lossy().into_owned());
+            return mode & !0o6000;
+        }
+        mode
+    }
+
+    /// Applies a restored directory's metadata through a descriptor opened beneath the
+    /// target, if it is still the directory that was restored.
+    fn apply_dir(&mut self, d: &DirMeta) -> io::Result<()> {
+        let fd = self.target.reopen_below(&d.rel)?;
+        let st = rustix::fs::fstat(&fd)?;
+        if (st.st_dev, st.st_ino) != (d.dev, d.ino) {
+            return Err(io::Error::other(
+                "was replaced by another directory during the restore",
+            ));
+        }
+        let mode = self.mode_of(&d.node, &d.path);
+        fsmeta::apply_to_fd(
+            fd.as_fd(),
+            &d.node,
+            ApplyOptions {
+                owners: self.opts.owners,
+                mode: Some(mode),
+            },
+        )
+    }
+
+    /// Restores the entries of `tree` into `dir` (at `path`, snapshot path `snap`);
+    /// `dir` is `None` while it is a pending directory not created yet. `inside` when
     /// the filter selected `dir` whole, `existed` when `dir` was already there (then it is
     /// cleaned of temporary files and, with `delete`, of what the snapshot lacks).
     fn restore_tree(
         &mut self,
         tree: &BlobId,
-        dir: &Path,
+        dir: Option<&Arc<Dir>>,
+        path: &Path,
         snap: &[u8],
         inside: bool,
         existed: bool,
@@ -328,7 +506,7 @@ impl Restorer<'_> {
             Ok(t) => t,
             Err(e) => {
                 self.problem(
-                    dir,
+                    path,
                     &format!(
                         "directory contents not restored: {}",
                         crate::error::chain(&e)
@@ -341,34 +519,36 @@ impl Restorer<'_> {
             if !is_safe_name(&node.name) {
                 let name = String::from_utf8_lossy(&node.name).into_owned();
                 self.problem(
-                    dir,
+                    path,
                     &format!("refused unsafe name {name:?} in the snapshot"),
                 );
                 continue;
             }
-            let path = dir.join(std::ffi::OsStr::from_bytes(&node.name));
+            let node_path = path.join(OsStr::from_bytes(&node.name));
             let node_snap = child_path(snap, &node.name);
             let is_dir = matches!(node.kind, NodeKind::Dir { .. });
             match self.filter.select(&node_snap, is_dir, inside) {
                 Selection::Skip => {}
-                Selection::All => self.restore_node(node, &path, &node_snap, true)?,
-                Selection::Search => self.restore_node(node, &path, &node_snap, false)?,
+                Selection::All => self.restore_node(node, dir, &node_path, &node_snap, true)?,
+                Selection::Search => self.restore_node(node, dir, &node_path, &node_snap, false)?,
             }
         }
         if existed {
-            let names: HashSet<&[u8]> = tree.nodes.iter().map(|n| n.name.as_slice()).collect();
-            self.clean_dir(dir, snap, inside, &names);
+            if let Some(dir) = dir {
+                let names: HashSet<&[u8]> = tree.nodes.iter().map(|n| n.name.as_slice()).collect();
+                self.clean_dir(dir, snap, inside, &names);
+            }
         }
         Ok(())
     }
 
     /// Removes leftover temporary files from `dir` and, with `delete`, the entries the
     /// snapshot does not hold but the filter selects. Problems are reported, not fatal.
-    fn clean_dir(&mut self, dir: &Path, snap: &[u8], inside: bool, names: &HashSet<&[u8]>) {
-        let entries = match fs::read_dir(dir) {
-            Ok(rd) => rd,
+    fn clean_dir(&mut self, dir: &Dir, snap: &[u8], inside: bool, names: &HashSet<&[u8]>) {
+        let entries = match dir.entries() {
+            Ok(entries) => entries,
             Err(e) => {
-                self.problem(dir, &format!("not cleaned up: {e}"));
+                self.problem(&dir.path, &format!("not cleaned up: {e}"));
                 return;
             }
         };
@@ -376,42 +556,45 @@ impl Restorer<'_> {
             let entry = match entry {
                 Ok(e) => e,
                 Err(e) => {
-                    self.problem(dir, &format!("listing incomplete, not cleaned up: {e}"));
+                    self.problem(
+                        &dir.path,
+                        &format!("listing incomplete, not cleaned up: {e}"),
+                    );
                     continue;
                 }
             };
-            let name = entry.file_name();
-            let name = name.as_bytes();
+            let name = entry.name.as_bytes();
             if names.contains(name) {
                 continue;
             }
-            let path = entry.path();
-            // lstat: a symlink is removed itself, never followed.
-            let Ok(md) = fs::symlink_metadata(&path) else {
-                continue;
+            let path = dir.join(&entry.name);
+            // The listing's type where the file system gives one, else lstat: a symlink
+            // is removed itself, never followed.
+            let kind = match entry.kind {
+                FileType::Unknown => match dir.stat(&entry.name) {
+                    Ok(Some(st)) => FileType::from_raw_mode(st.st_mode),
+                    _ => continue,
+                },
+                kind => kind,
             };
             // A writer thread may still be filling one of this run's own.
-            if is_temp_name(name) && md.is_file() && !self.in_flight.contains_key(&path) {
-                match fs::remove_file(&path) {
+            if is_temp_name(name)
+                && kind == FileType::RegularFile
+                && !self.in_flight.contains_key(&path)
+            {
+                match dir.remove_file(&entry.name) {
                     Ok(()) => self.stats.temp_files_removed += 1,
                     Err(e) => self.problem(&path, &format!("temporary file not removed: {e}")),
                 }
                 continue;
             }
+            let is_dir = kind == FileType::Directory;
             if !self.opts.delete
-                || self
-                    .filter
-                    .select(&child_path(snap, name), md.is_dir(), inside)
-                    != Selection::All
+                || self.filter.select(&child_path(snap, name), is_dir, inside) != Selection::All
             {
                 continue;
             }
-            let removed = if md.is_dir() {
-                fs::remove_dir_all(&path)
-            } else {
-                fs::remove_file(&path)
-            };
-            match removed {
+            match dir.remove_all(&entry.name) {
                 Ok(()) => {
                     self.stats.deleted += 1;
                     self.monitor.file_done(&path, 0);
@@ -424,20 +607,31 @@ impl Restorer<'_> {
     /// Creates the directories the filter's search entered and that now get an entry.
     fn create_pending(&mut self) -> io::Result<()> {
         for i in 0..self.pending.len() {
-            if !self.pending[i].created {
-                let path = self.pending[i].path.clone();
-                self.pending[i].existed = self.make_dir(&path)?;
-                self.pending[i].created = true;
+            if self.pending[i].dir.is_some() {
+                continue;
             }
+            let parent = match &self.pending[i].parent {
+                Some(parent) => parent.clone(),
+                None => match i.checked_sub(1).and_then(|j| self.pending[j].dir.clone()) {
+                    Some(parent) => parent,
+                    None => return Err(io::Error::other("parent directory not created")),
+                },
+            };
+            let name = self.pending[i].name.clone();
+            let (dir, existed) = self.make_dir(&parent, &name)?;
+            self.pending[i].dir = Some(Arc::new(dir));
+            self.pending[i].existed = existed;
         }
         Ok(())
     }
 
-    /// Restores one node; problems with it are reported and skipped. `selected` is false
-    /// for a directory the filter only searches: it is created when something below is.
+    /// Restores one node into `parent` (`None`: the innermost pending directory);
+    /// problems with it are reported and skipped. `selected` is false for a directory the
+    /// filter only searches: it is created when something below is.
     fn restore_node(
         &mut self,
         node: &Node,
+        parent: Option<&Arc<Dir>>,
         path: &Path,
         snap: &[u8],
         selected: bool,
@@ -445,27 +639,36 @@ impl Restorer<'_> {
         if self.monitor.cancelled() {
             return Err(Error::Interrupted);
         }
+        let name = OsStr::from_bytes(&node.name);
         if let NodeKind::Dir { subtree } = &node.kind {
             if !selected {
                 self.pending.push(PendingDir {
+                    parent: parent.cloned(),
+                    name: name.to_os_string(),
                     path: path.to_path_buf(),
-                    created: false,
+                    dir: None,
                     existed: false,
                 });
-                self.restore_tree(subtree, path, snap, false, false)?;
-                let Some(dir) = self.pending.pop() else {
+                self.restore_tree(subtree, None, path, snap, false, false)?;
+                let Some(pending) = self.pending.pop() else {
                     return Ok(());
                 };
-                if dir.created {
-                    if dir.existed {
+                if let Some(dir) = pending.dir {
+                    if pending.existed {
                         // Cleaning needs the tree's names; read it again only here.
                         if let Ok(tree) = self.repo.read_tree(subtree) {
                             let names = tree.nodes.iter().map(|n| n.name.as_slice()).collect();
-                            self.clean_dir(path, snap, false, &names);
+                            self.clean_dir(&dir, snap, false, &names);
                         }
                     }
                     self.stats.dirs_restored += 1;
-                    self.dirs.push((path.to_path_buf(), node.clone()));
+                    self.dirs.push(DirMeta {
+                        rel: dir.rel.clone(),
+                        path: path.to_path_buf(),
+                        dev: dir.dev,
+                        ino: dir.ino,
+                        node: node.clone(),
+                    });
                 }
                 return Ok(());
             }
@@ -473,36 +676,74 @@ impl Restorer<'_> {
         if let Err(e) = self.create_pending() {
             let at = self
                 .pending
-                .last()
+                .iter()
+                .find(|d| d.dir.is_none())
                 .map(|d| d.path.clone())
                 .unwrap_or_default();
             self.problem(&at, &e);
             return Ok(());
         }
+        let parent = match parent
+            .cloned()
+            .or_else(|| self.pending.last().and_then(|d| d.dir.clone()))
+        {
+            Some(parent) => parent,
+            None => {
+                self.problem(path, &"not restored: its directory could not be made");
+                return Ok(());
+            }
+        };
         let done = match &node.kind {
             NodeKind::Dir { subtree } => {
-                let existed = match self.make_dir(path) {
-                    Ok(existed) => existed,
+                let (dir, existed) = match self.make_dir(&parent, name) {
+                    Ok(made) => made,
                     Err(e) => {
                         self.problem(path, &e);
                         return Ok(());
                     }
                 };
-                self.restore_tree(subtree, path, snap, true, existed)?;
+                let dir = Arc::new(dir);
+                self.restore_tree(subtree, Some(&dir), path, snap, true, existed)?;
                 self.stats.dirs_restored += 1;
-                self.dirs.push((path.to_path_buf(), node.clone()));
+                self.dirs.push(DirMeta {
+                    rel: dir.rel.clone(),
+                    path: path.to_path_buf(),
+                    dev: dir.dev,
+                    ino: dir.ino,
+                    node: node.clone(),
+                });
                 Ok::<bool, String>(false)
             }
-            NodeKind::File { .. } => self.restore_file(node, path),
+            NodeKind::File { .. } => self.restore_file(node, &parent, name, path),
             NodeKind::Socket => {
                 self.stats.sockets_skipped += 1;
+                self.skip_special(path, "socket");
                 return Ok(());
             }
-            _ => self.restore_special(node, path).map_err(|e| e.to_string()),
+            NodeKind::Fifo if self.opts.no_special_files => {
+                self.skip_special(path, "fifo");
+                return Ok(());
+            }
+            NodeKind::CharDevice { .. } if self.opts.no_special_files => {
+                self.skip_special(path, "character device");
+                return Ok(());
+            }
+            NodeKind::BlockDevice { .. } if self.opts.no_special_files => {
+                self.skip_special(path, "block device");
+                return Ok(());
+            }
+            _ => self
+                .restore_special(node, &parent, name)
+                .map_err(|e| special_error(node, &e)),
         };
         match done {
             Ok(true) => {
-                if let Err(e) = fsmeta::apply(path, node, self.opts.owners) {
+                let mode = self.mode_of(node, path);
+                let opts = ApplyOptions {
+                    owners: self.opts.owners,
+                    mode: Some(mode),
+                };
+                if let Err(e) = fsmeta::apply_beneath(parent.as_fd(), name, node, opts) {
                     self.problem(path, &format!("metadata not fully restored: {e}"));
                 }
             }
@@ -512,221 +753,191 @@ impl Restorer<'_> {
         Ok(())
     }
 
-    /// Decides about an existing `path` under the overwrite mode: `Go` means it may be
-    /// written, and it is gone (or was never there) if `remove`. `same` says whether the
-    /// existing entry already matches the snapshot, `older` whether it is older than the
-    /// snapshot's.
-    fn clear(
+    fn skip_special(&mut self, path: &Path, kind: &'static str) {
+        self.stats.specials_skipped.push(SkippedEntry {
+            path: path.to_string_lossy().into_owned(),
+            kind,
+        });
+    }
+
+    /// Decides about an existing entry under the overwrite mode: `Go` means it is to be
+    /// replaced. `same` says whether it already matches the snapshot, `older` whether it
+    /// is older than the snapshot's.
+    fn decide(
         &mut self,
-        path: &Path,
-        remove: bool,
-        same: impl Fn(&fs::Metadata) -> io::Result<bool>,
-        older: impl Fn(&fs::Metadata) -> bool,
+        found: &Found,
+        same: impl FnOnce(&Found) -> io::Result<bool>,
+        older: impl FnOnce(&Found) -> bool,
     ) -> io::Result<Existing> {
-        let md = match fs::symlink_metadata(path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Existing::Go),
-            Err(e) => return Err(e),
-            Ok(md) => md,
-        };
         let replace = match self.opts.overwrite {
             None | Some(Overwrite::Never) => false,
             Some(Overwrite::Always) => true,
             Some(Overwrite::IfChanged) => {
-                if same(&md)? {
+                if same(found)? {
                     self.stats.unchanged += 1;
                     return Ok(Existing::Unchanged);
                 }
                 true
             }
-            Some(Overwrite::IfNewer) => older(&md),
+            Some(Overwrite::IfNewer) => older(found),
         };
         if !replace {
             self.stats.files_skipped += 1;
             return Ok(Existing::Keep);
         }
-        if remove && md.is_dir() {
-            fs::remove_dir_all(path)?;
-        } else if remove {
-            fs::remove_file(path)?;
-        }
         Ok(Existing::Go)
     }
 
-    /// Creates a directory, or reuses one; returns whether it was already there.
-    fn make_dir(&mut self, path: &Path) -> io::Result<bool> {
-        match fs::symlink_metadata(path) {
-            // A directory already there is reused; a symlink is never followed.
-            Ok(md) if md.is_dir() => Ok(true),
-            Ok(_) if !matches!(self.opts.overwrite, None | Some(Overwrite::Never)) => {
-                fs::remove_file(path)?;
-                fs::create_dir(path).map(|_| false)
-            }
-            Ok(_) => Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "exists and is not a directory; --overwrite always replaces it",
-            )),
-            Err(_) => fs::create_dir(path).map(|_| false),
+    /// As [`Restorer::decide`] for entry `name` of `parent`, which is removed when it is
+    /// to be replaced (`Go`: nothing is there any more).
+    fn clear(
+        &mut self,
+        parent: &Dir,
+        name: &OsStr,
+        same: impl FnOnce(&Found) -> io::Result<bool>,
+        older: impl FnOnce(&Found) -> bool,
+    ) -> io::Result<Existing> {
+        if parent.fresh {
+            return Ok(Existing::Go);
         }
+        let Some(found) = parent.stat(name)?.map(Found::from) else {
+            return Ok(Existing::Go);
+        };
+        let decision = self.decide(&found, same, older)?;
+        if let Existing::Go = decision {
+            parent.remove_all(name)?;
+        }
+        Ok(decision)
     }
 
-    fn restore_special(&mut self, node: &Node, path: &Path) -> io::Result<bool> {
-        let same = |md: &fs::Metadata| -> io::Result<bool> {
-            let ft = md.file_type();
+    /// Creates directory `name` in `parent`, or reuses the one there; returns it and
+    /// whether it was already there.
+    fn make_dir(&mut self, parent: &Dir, name: &OsStr) -> io::Result<(Dir, bool)> {
+        let (dir, existed) = match parent.make_dir(name) {
+            Ok(made) => made,
+            Err(e)
+                if e.kind() == io::ErrorKind::AlreadyExists
+                    && !matches!(self.opts.overwrite, None | Some(Overwrite::Never)) =>
+            {
+                parent.remove_file(name)?;
+                parent.make_dir(name)?
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    "exists and is not a directory; --overwrite always replaces it",
+                ))
+            }
+            Err(e) => return Err(e),
+        };
+        if existed {
+            self.check_owner(&dir);
+        }
+        Ok((dir, existed))
+    }
+
+    fn restore_special(&mut self, node: &Node, parent: &Dir, name: &OsStr) -> io::Result<bool> {
+        let same = |found: &Found| -> io::Result<bool> {
             Ok(match &node.kind {
                 NodeKind::Symlink { target } => {
-                    ft.is_symlink() && fs::read_link(path)?.as_os_str().as_bytes() == target
+                    found.kind == FileType::Symlink && parent.read_link(name)? == *target
                 }
-                NodeKind::Fifo => ft.is_fifo(),
-                NodeKind::CharDevice { rdev } => ft.is_char_device() && md.rdev() == *rdev,
-                NodeKind::BlockDevice { rdev } => ft.is_block_device() && md.rdev() == *rdev,
+                NodeKind::Fifo => found.kind == FileType::Fifo,
+                NodeKind::CharDevice { rdev } => {
+                    found.kind == FileType::CharacterDevice && found.rdev == *rdev
+                }
+                NodeKind::BlockDevice { rdev } => {
+                    found.kind == FileType::BlockDevice && found.rdev == *rdev
+                }
                 _ => false,
             })
         };
-        let older = |md: &fs::Metadata| node.mtime > fsmeta::mtime(md);
-        match self.clear(path, true, same, older)? {
+        let older = |found: &Found| node.mtime > found.mtime;
+        match self.clear(parent, name, same, older)? {
             Existing::Go => {}
             Existing::Unchanged => return Ok(true),
             Existing::Keep => return Ok(false),
         }
         match &node.kind {
-            NodeKind::Symlink { target } => {
-                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target), path)?
+            NodeKind::Symlink { target } => parent.symlink(target, name)?,
+            NodeKind::Fifo => parent.mknod(name, FileType::Fifo, 0)?,
+            NodeKind::CharDevice { rdev } => {
+                parent.mknod(name, FileType::CharacterDevice, *rdev)?
             }
-            NodeKind::Fifo => {
-                nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))?
-            }
-            NodeKind::CharDevice { rdev } | NodeKind::BlockDevice { rdev } => {
-                let kind = if matches!(node.kind, NodeKind::CharDevice { .. }) {
-                    nix::sys::stat::SFlag::S_IFCHR
-                } else {
-                    nix::sys::stat::SFlag::S_IFBLK
-                };
-                nix::sys::stat::mknod(
-                    path,
-                    kind,
-                    nix::sys::stat::Mode::from_bits_truncate(0o600),
-                    *rdev,
-                )?
-            }
+            NodeKind::BlockDevice { rdev } => parent.mknod(name, FileType::BlockDevice, *rdev)?,
             _ => unreachable!("restore_special handles links, FIFOs and devices"),
         }
         self.stats.others_restored += 1;
         Ok(true)
     }
 
-    /// Whether the regular file at `path` holds what the snapshot's `node` does: same
-    /// size and mtime, and with `verify` the same chunk ids when cut and hashed with this
-    /// repository's chunker and key — or, for a file that points into parts of blobs
-    /// (small files bundled together), the same bytes as those parts.
-    fn file_matches(&self, node: &Node, md: &fs::Metadata, path: &Path) -> io::Result<bool> {
-        let NodeKind::File { size, content } = &node.kind else {
-            return Ok(false);
-        };
-        if !md.is_file() || md.len() != *size || fsmeta::mtime(md) != node.mtime {
-            return Ok(false);
-        }
-        if !self.opts.verify {
-            return Ok(true);
-        }
-        let (params, seed) = match self.repo.chunker_params() {
-            Ok(p) => (p, self.repo.key().chunker_seed()),
-            Err(e) => return Err(io::Error::other(crate::error::chain(&e))),
-        };
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)?;
-        if !browse::whole_blobs(self.repo, content) {
-            return self.same_bytes(file, content);
-        }
-        let mut chunker = cairn_chunker::Chunker::new(file, params, seed);
-        let mut expected = content.iter();
-        while let Some(chunk) = chunker.next_chunk()? {
-            let id = self.repo.key().blob_id(chunk.data);
-            match expected.next() {
-                Some(c) if c.offset == 0 && c.len as usize == chunk.data.len() && c.blob == id => {}
-                _ => return Ok(false),
-            }
-        }
-        Ok(expected.next().is_none())
-    }
-
-    /// Whether `file` holds exactly the bytes `content` refers to.
-    fn same_bytes(&self, mut file: File, content: &[crate::tree::ContentRef]) -> io::Result<bool> {
-        let mut mine = Vec::new();
-        for c in content {
-            let blob = self
-                .repo
-                .read_blob_shared(&c.blob)
-                .map_err(|e| io::Error::other(crate::error::chain(&e)))?;
-            let Some(theirs) = blob.get(c.offset as usize..(c.offset + c.len) as usize) else {
-                return Ok(false);
-            };
-            mine.clear();
-            (&mut file).take(u64::from(c.len)).read_to_end(&mut mine)?;
-            if mine != theirs {
-                return Ok(false);
-            }
-        }
-        Ok(file.read(&mut [0u8; 1])? == 0)
-    }
-
-    fn restore_file(&mut self, node: &Node, path: &Path) -> Result<bool, String> {
+    fn restore_file(
+        &mut self,
+        node: &Node,
+        parent: &Arc<Dir>,
+        name: &OsStr,
+        path: &Path,
+    ) -> Result<bool, String> {
         let NodeKind::File { size, .. } = &node.kind else {
             unreachable!("restore_file takes files")
         };
-        let older = |md: &fs::Metadata| node.mtime > fsmeta::mtime(md);
+        let older = |found: &Found| node.mtime > found.mtime;
         if node.links > 1 {
             if let Some(first) = self.links.get(&(node.device, node.inode)).cloned() {
-                let same = |md: &fs::Metadata| -> io::Result<bool> {
-                    let f = fs::symlink_metadata(&first)?;
-                    Ok((md.dev(), md.ino()) == (f.dev(), f.ino()))
-                };
-                match self
-                    .clear(path, true, same, older)
-                    .map_err(|e| e.to_string())?
-                {
-                    Existing::Go => {}
-                    Existing::Unchanged | Existing::Keep => return Ok(false),
-                }
-                fs::hard_link(&first, path).map_err(|e| e.to_string())?;
-                self.stats.hardlinks_restored += 1;
-                return Ok(false);
+                return self.restore_link(&first, parent, name, older);
             }
         }
-        let same = |md: &fs::Metadata| self.file_matches(node, md, path);
-        // `clear` needs `&mut self`; decide with a shared borrow first.
-        let existing = match fs::symlink_metadata(path) {
-            Ok(md) if self.opts.overwrite == Some(Overwrite::IfChanged) => {
-                Some(same(&md).map_err(|e| format!("cannot compare with the snapshot: {e}"))?)
-            }
-            _ => None,
+        // Nothing to look at in a directory this restore made: saves an lstat per file.
+        let found = if parent.fresh {
+            None
+        } else {
+            parent
+                .stat(name)
+                .map_err(|e| e.to_string())?
+                .map(Found::from)
         };
-        let decision = self
-            .clear(path, false, |_| Ok(existing == Some(true)), older)
-            .map_err(|e| e.to_string())?;
-        match decision {
-            Existing::Go => {}
-            Existing::Unchanged => {
-                if node.links > 1 {
-                    self.links
-                        .insert((node.device, node.inode), path.to_path_buf());
+        if let Some(found) = &found {
+            let (repo, verify) = (self.repo, self.opts.verify);
+            let same = |found: &Found| file_matches(repo, verify, node, found, parent, name);
+            let decision = self
+                .decide(found, same, older)
+                .map_err(|e| format!("cannot compare with the snapshot: {e}"))?;
+            match decision {
+                // Replaced by the rename once the new file is complete.
+                Existing::Go => {}
+                Existing::Unchanged => {
+                    if node.links > 1 {
+                        self.links.insert(
+                            (node.device, node.inode),
+                            FirstLink {
+                                rel_dir: parent.rel.clone(),
+                                name: name.to_os_string(),
+                            },
+                        );
+                    }
+                    // Metadata such as the mode may still differ; the caller applies it.
+                    return Ok(true);
                 }
-                // Metadata such as the mode may still differ; the caller applies it.
-                return Ok(true);
+                Existing::Keep => return Ok(false),
             }
-            Existing::Keep => return Ok(false),
         }
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let tmp = dir.join(format!(".cairn-restore-{:016x}", rand::random::<u64>()));
+        let mode = self.mode_of(node, path);
+        let (create_mode, chmod) = creation_mode(mode, self.umask);
         let job = FileJob {
             node: node.clone(),
-            tmp,
+            dir: parent.clone(),
+            name: name.to_os_string(),
+            tmp: OsString::from(format!(".cairn-restore-{:016x}", rand::random::<u64>())),
             path: path.to_path_buf(),
+            create_mode,
+            chmod,
         };
         self.collect_done();
         if node.links <= 1 {
-            self.in_flight.insert(job.tmp.clone(), job.path.clone());
+            self.in_flight.insert(
+                job.dir.join(&job.tmp),
+                (job.dir.clone(), job.tmp.clone(), job.path.clone()),
+            );
             self.batch_parts += match &node.kind {
                 NodeKind::File { content, .. } => content.len().max(1),
                 _ => 1,
@@ -741,15 +952,186 @@ impl Restorer<'_> {
         }
         // A file with hard links is written here, so that its links can be made at once.
         let verified = restore_packs::place_alone(self.repo, self.opts, self.monitor, &job)?;
-        if node.links > 1 {
-            self.links
-                .insert((node.device, node.inode), path.to_path_buf());
-        }
+        self.links.insert(
+            (node.device, node.inode),
+            FirstLink {
+                rel_dir: parent.rel.clone(),
+                name: name.to_os_string(),
+            },
+        );
         self.stats.files_restored += 1;
         self.stats.bytes_restored += size;
         self.stats.files_verified += u64::from(verified);
         self.monitor.file_done(path, *size);
         // Metadata was applied to the temporary file before the rename.
         Ok(false)
+    }
+
+    /// Makes `name` in `parent` another name of the file first restored as `first`.
+    fn restore_link(
+        &mut self,
+        first: &FirstLink,
+        parent: &Arc<Dir>,
+        name: &OsStr,
+        older: impl FnOnce(&Found) -> bool,
+    ) -> Result<bool, String> {
+        // The first name's directory, opened again beneath the target unless it is this
+        // one: the walk does not keep every directory open.
+        let reopened;
+        let from: &dyn AsFd = if first.rel_dir == parent.rel {
+            parent.as_ref()
+        } else {
+            reopened = self
+                .target
+                .reopen_below(&first.rel_dir)
+                .map_err(|e| format!("cannot open the directory of its first name: {e}"))?;
+            &reopened
+        };
+        let same = |found: &Found| -> io::Result<bool> {
+            let st = rustix::fs::statat(
+                from.as_fd(),
+                &first.name,
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+            )?;
+            Ok((found.dev, found.ino) == (st.st_dev, st.st_ino))
+        };
+        match self
+            .clear(parent, name, same, older)
+            .map_err(|e| e.to_string())?
+        {
+            Existing::Go => {}
+            Existing::Unchanged | Existing::Keep => return Ok(false),
+        }
+        parent
+            .hard_link(&from.as_fd(), &first.name, name)
+            .map_err(|e| e.to_string())?;
+        self.stats.hardlinks_restored += 1;
+        Ok(false)
+    }
+}
+
+/// What a special file that could not be made is reported with: for a device node
+/// made without root, why, and how to restore the rest without the message.
+fn special_error(node: &Node, e: &io::Error) -> String {
+    let device = matches!(
+        node.kind,
+        NodeKind::CharDevice { .. } | NodeKind::BlockDevice { .. }
+    );
+    if device && e.raw_os_error() == Some(libc::EPERM) {
+        format!("device node not made: only root can make one ({e}); --no-special-files leaves device nodes and FIFOs out")
+    } else {
+        e.to_string()
+    }
+}
+
+/// The mode to create a file with, and the mode to set once it is written (`None` when
+/// the creation mode is already right). Creating it with its own mode saves an
+/// `fchmod` per file, but only where that is safe: the umask leaves the bits as they
+/// are, the owner can read and write it (a file closed between parts is opened again),
+/// and no one else can write it while it is incomplete. Setuid and setgid bits are
+/// always set last, after the owner (which clears them).
+fn creation_mode(mode: u32, umask: Option<u32>) -> (u32, Option<u32>) {
+    match umask {
+        Some(umask)
+            if mode & 0o7000 == 0
+                && mode & 0o600 == 0o600
+                && mode & 0o022 == 0
+                && mode & umask == 0 =>
+        {
+            (mode, None)
+        }
+        _ => (0o600, Some(mode)),
+    }
+}
+
+/// Whether the regular file `name` of `dir` (which `found` describes) holds what the
+/// snapshot's `node` does: same size and mtime, and with `verify` the same chunk ids when
+/// cut and hashed with this repository's chunker and key — or, for a file that points
+/// into parts of blobs (small files bundled together), the same bytes as those parts.
+fn file_matches(
+    repo: &Repository,
+    verify: bool,
+    node: &Node,
+    found: &Found,
+    dir: &Dir,
+    name: &OsStr,
+) -> io::Result<bool> {
+    let NodeKind::File { size, content } = &node.kind else {
+        return Ok(false);
+    };
+    if found.kind != FileType::RegularFile || found.size != *size || found.mtime != node.mtime {
+        return Ok(false);
+    }
+    if !verify {
+        return Ok(true);
+    }
+    let (params, seed) = match repo.chunker_params() {
+        Ok(p) => (p, repo.key().chunker_seed()),
+        Err(e) => return Err(io::Error::other(crate::error::chain(&e))),
+    };
+    // Non-blocking: should the file have become a FIFO since the lstat, the open must
+    // not wait for a writer (and O_NOFOLLOW refuses a symlink).
+    let fd = dir.open_file(
+        name,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK,
+        0,
+    )?;
+    let file = File::from(fd);
+    if !file.metadata()?.is_file() {
+        return Ok(false);
+    }
+    if !browse::whole_blobs(repo, content) {
+        return same_bytes(repo, file, content);
+    }
+    let mut chunker = cairn_chunker::Chunker::new(file, params, seed);
+    let mut expected = content.iter();
+    while let Some(chunk) = chunker.next_chunk()? {
+        let id = repo.key().blob_id(chunk.data);
+        match expected.next() {
+            Some(c) if c.offset == 0 && c.len as usize == chunk.data.len() && c.blob == id => {}
+            _ => return Ok(false),
+        }
+    }
+    Ok(expected.next().is_none())
+}
+
+/// Whether `file` holds exactly the bytes `content` refers to.
+fn same_bytes(
+    repo: &Repository,
+    mut file: File,
+    content: &[crate::tree::ContentRef],
+) -> io::Result<bool> {
+    let mut mine = Vec::new();
+    for c in content {
+        let blob = repo
+            .read_blob_shared(&c.blob)
+            .map_err(|e| io::Error::other(crate::error::chain(&e)))?;
+        let Some(theirs) = blob.get(c.offset as usize..(c.offset + c.len) as usize) else {
+            return Ok(false);
+        };
+        mine.clear();
+        (&mut file).take(u64::from(c.len)).read_to_end(&mut mine)?;
+        if mine != theirs {
+            return Ok(false);
+        }
+    }
+    Ok(file.read(&mut [0u8; 1])? == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_is_created_with_its_own_mode_only_when_nothing_else_can_touch_it_first() {
+        let umask = Some(0o022);
+        assert_eq!(creation_mode(0o644, umask), (0o644, None));
+        assert_eq!(creation_mode(0o755, umask), (0o755, None));
+        // Writable by others, not writable by the owner, setuid, or cut by the umask.
+        assert_eq!(creation_mode(0o666, umask), (0o600, Some(0o666)));
+        assert_eq!(creation_mode(0o444, umask), (0o600, Some(0o444)));
+        assert_eq!(creation_mode(0o4755, umask), (0o600, Some(0o4755)));
+        assert_eq!(creation_mode(0o644, Some(0o077)), (0o600, Some(0o644)));
+        assert_eq!(creation_mode(0o644, None), (0o600, Some(0o644)));
     }
 }
