@@ -758,7 +758,13 @@ pub fn spawnable(env: &TestEnv) -> std::process::Command {
 /// `cairn` as a plain `std::process::Command` in the isolated environment, without a
 /// repository option.
 pub fn spawnable_bare(env: &TestEnv) -> std::process::Command {
-    let mut cmd = detached(cairn_bin());
+    spawnable_program(env, cairn_bin())
+}
+
+/// As [`spawnable_bare`], for another `cairn` binary (an older build, to show that a
+/// regression test fails without its fix).
+pub fn spawnable_program(env: &TestEnv, program: impl AsRef<OsStr>) -> std::process::Command {
+    let mut cmd = detached(program);
     cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", env.root.join("home"))

@@ -31,6 +31,7 @@ mod remote_faults;
 mod repair_converge;
 mod restore;
 mod restore_filters;
+mod restore_race;
 mod stats;
 mod trust_concurrency;
 mod trust_crash;

@@ -471,7 +471,16 @@ impl Restorer<'_> {
     /// Applies a restored directory's metadata through a descriptor opened beneath the
     /// target, if it is still the directory that was restored.
     fn apply_dir(&mut self, d: &DirMeta) -> io::Result<()> {
-        let fd = self.target.reopen_below(&d.rel)?;
+        let fd = self
+            .target
+            .reopen_below(&d.rel)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP | libc::ENOTDIR | libc::EXDEV) => io::Error::other(format!(
+                    "it, or a directory above it, was replaced by a symlink or file during the \
+                     restore ({e}); nothing was changed through it"
+                )),
+                _ => e,
+            })?;
         let st = rustix::fs::fstat(&fd)?;
         if (st.st_dev, st.st_ino) != (d.dev, d.ino) {
             return Err(io::Error::other(
