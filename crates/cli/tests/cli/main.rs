@@ -32,6 +32,7 @@ mod repair_converge;
 mod restore;
 mod restore_filters;
 mod restore_race;
+mod restore_untrusted;
 mod stats;
 mod trust_concurrency;
 mod trust_crash;
