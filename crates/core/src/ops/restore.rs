@@ -194,11 +194,14 @@ pub fn restore(
     });
     r.collect_done();
     // Files the writers never reported (a writer thread panicked) were not restored.
-    let mut lost: Vec<(PathBuf, (Arc<Dir>, OsString, PathBuf))> = r.in_flight.drain().collect();
-    lost.sort_by(|a, b| a.0.cmp(&b.0));
-    for (_, (dir, tmp, path)) in lost {
-        let _ = dir.remove_file(&tmp);
-        r.problem(&path, &"not restored: a writer thread stopped unexpectedly");
+    let mut lost: Vec<InFlight> = r.in_flight.drain().map(|(_, f)| f).collect();
+    lost.sort_by(|a, b| a.path.cmp(&b.path));
+    for f in lost {
+        let _ = f.dir.remove_file(&f.tmp);
+        r.problem(
+            &f.path,
+            &"not restored: a writer thread stopped unexpectedly",
+        );
     }
     // Directory metadata last, deepest first: writing into a directory changes its mtime,
     // and a directory's final mode may keep restore itself out.
@@ -319,6 +322,14 @@ struct DirMeta {
     node: Node,
 }
 
+/// A file the writer threads are filling: the directory and name of its temporary file,
+/// and where it goes.
+struct InFlight {
+    dir: Arc<Dir>,
+    tmp: OsString,
+    path: PathBuf,
+}
+
 /// The first restored name of a file with hard links, which later names link to.
 #[derive(Clone)]
 struct FirstLink {
@@ -352,7 +363,7 @@ struct Restorer<'a> {
     dirs: Vec<DirMeta>,
     /// Temporary files the writer threads are filling (by display path): their
     /// directory, name and the path they will take.
-    in_flight: HashMap<PathBuf, (Arc<Dir>, OsString, PathBuf)>,
+    in_flight: HashMap<PathBuf, InFlight>,
 }
 
 impl Restorer<'_> {
@@ -417,7 +428,7 @@ impl Restorer<'_> {
             None => Some(batch),
         };
         for job in unsent.into_iter().flatten() {
-            self.in_flight.remove(&job.dir.join(&job.tmp));
+            self.in_flight.remove(&job.tmp_path());
             self.problem(&job.path, &"not restored: the writer threads stopped");
         }
     }
@@ -944,8 +955,12 @@ impl Restorer<'_> {
         self.collect_done();
         if node.links <= 1 {
             self.in_flight.insert(
-                job.dir.join(&job.tmp),
-                (job.dir.clone(), job.tmp.clone(), job.path.clone()),
+                job.tmp_path(),
+                InFlight {
+                    dir: job.dir.clone(),
+                    tmp: job.tmp.clone(),
+                    path: job.path.clone(),
+                },
             );
             self.batch_parts += match &node.kind {
                 NodeKind::File { content, .. } => content.len().max(1),

@@ -273,6 +273,8 @@ struct Slot {
     /// The temporary file, while open.
     file: Option<File>,
     created: bool,
+    /// The file is unnamed (`O_TMPFILE`): it must stay open until it is linked.
+    unnamed: bool,
     /// The first failure; later parts are not written.
     error: Option<String>,
     /// What was written, for `verify` (see [`part_digest`]).
@@ -390,8 +392,9 @@ impl Batch<'_> {
             return Ok(());
         }
         if slot.file.is_none() {
-            let file = open_tmp(&state.job, !slot.created, self.opts.verify)?;
+            let (file, unnamed) = open_tmp(&state.job, !slot.created, self.opts.verify)?;
             slot.created = true;
+            slot.unnamed = unnamed;
             slot.file = Some(file);
             self.open_files.fetch_add(1, Ordering::Relaxed);
         }
@@ -408,7 +411,7 @@ impl Batch<'_> {
         // Open for the next part only while few files are; the last part's writer keeps
         // it open to finish it.
         let last = state.remaining.load(Ordering::Relaxed) <= 1;
-        if !last && self.open_files.load(Ordering::Relaxed) > OPEN_FILES {
+        if !last && !slot.unnamed && self.open_files.load(Ordering::Relaxed) > OPEN_FILES {
             slot.file = None;
             self.open_files.fetch_sub(1, Ordering::Relaxed);
         }
@@ -429,6 +432,7 @@ impl Batch<'_> {
             if file.is_some() {
                 self.open_files.fetch_sub(1, Ordering::Relaxed);
             }
+            let file = file.map(|f| (f, slot.unnamed));
             (file, slot.created, slot.error.take(), slot.digest, slot.end)
         };
         let job = &state.job;
@@ -442,7 +446,7 @@ impl Batch<'_> {
             }
             // Closed after its last part to keep few files open, or never opened (empty).
             None => match file.map_or_else(|| open_tmp(job, !created, self.opts.verify), Ok) {
-                Ok(file) => complete(file, job, self.opts, &digest, end),
+                Ok((file, unnamed)) => complete(file, unnamed, job, self.opts, &digest, end),
                 Err(e) => Err(e),
             },
         };
@@ -470,7 +474,7 @@ pub(crate) fn place_alone(
     job: &FileJob,
 ) -> Result<bool, String> {
     let written = (|| {
-        let file = open_tmp(job, true, opts.verify)?;
+        let (file, unnamed) = open_tmp(job, true, opts.verify)?;
         let (mut digest, mut at, mut end) = ([0u8; 32], 0u64, 0u64);
         for part in content(&job.node) {
             if monitor.cancelled() {
@@ -489,10 +493,10 @@ pub(crate) fn place_alone(
             at += u64::from(part.len);
             monitor.bytes_done(data.len() as u64);
         }
-        Ok((file, digest, end))
+        Ok((file, unnamed, digest, end))
     })();
     match written {
-        Ok((file, digest, end)) => complete(file, job, opts, &digest, end),
+        Ok((file, unnamed, digest, end)) => complete(file, unnamed, job, opts, &digest, end),
         Err(e) => {
             let _ = job.dir.remove_file(&job.tmp);
             Err(e)
@@ -517,6 +521,7 @@ pub(crate) fn place_alone(
 /// recent) would keep as if complete; a temporary name is never taken for the file.
 fn complete(
     file: File,
+    unnamed: bool,
     job: &FileJob,
     opts: &RestoreOptions,
     digest: &[u8; 32],
@@ -547,9 +552,20 @@ fn complete(
             verify(&file, content(&job.node), digest)
                 .map_err(|e| format!("verification failed: {e}"))?;
         }
+        // Only now, with the new file complete, does it get its name. An unnamed file
+        // is linked where nothing is; over an existing entry it is linked under the
+        // temporary name and renamed like a named one.
+        if unnamed {
+            match job.dir.link_file(file.as_fd(), &job.name) {
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => job
+                    .dir
+                    .link_file(file.as_fd(), &job.tmp)
+                    .map_err(|e| e.to_string())?,
+                r => return r.map(|()| opts.verify).map_err(|e| e.to_string()),
+            }
+        }
         drop(file);
-        // Only now, with the new file complete, is an existing entry replaced: rename
-        // replaces a file or symlink atomically; a directory must go first.
+        // rename replaces a file or symlink atomically; a directory must go first.
         match job.dir.rename(&job.tmp, &job.name) {
             Err(e)
                 if matches!(
@@ -573,15 +589,30 @@ fn complete(
 }
 
 /// Opens the job's temporary file, for reading too with `verify` (it is read back
-/// before the rename); `create`: it must not exist yet. Never follows a symlink.
-fn open_tmp(job: &FileJob, create: bool, verify: bool) -> Result<File, String> {
+/// before it is named); `create`: it must not exist yet. Never follows a symlink. A new
+/// file of at most one part, which is written at once and never closed before it is
+/// complete, is unnamed (`O_TMPFILE`) where the file system allows; returns whether it
+/// is.
+fn open_tmp(job: &FileJob, create: bool, verify: bool) -> Result<(File, bool), String> {
     use rustix::fs::OFlags;
     let mut flags = if verify { OFlags::RDWR } else { OFlags::WRONLY };
+    if create && content(&job.node).len() <= 1 {
+        match job.dir.unnamed_file(flags, job.create_mode) {
+            Ok(Some(fd)) => return Ok((File::from(fd), true)),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(format!(
+                    "cannot create a file in {}: {e}",
+                    job.dir.path.display()
+                ))
+            }
+        }
+    }
     if create {
         flags |= OFlags::CREATE | OFlags::EXCL;
     }
     match job.dir.open_file(&job.tmp, flags, job.create_mode) {
-        Ok(fd) => Ok(File::from(fd)),
+        Ok(fd) => Ok((File::from(fd), false)),
         Err(e) => {
             let verb = if create { "create" } else { "open" };
             Err(format!("cannot {verb} {}: {e}", job.tmp_path().display()))

@@ -174,6 +174,52 @@ impl Dir {
         )?)
     }
 
+    /// An unnamed regular file in this directory (`O_TMPFILE`), or `None` where the file
+    /// system cannot make one. It becomes visible only through [`Dir::link_file`], so a
+    /// restore killed while writing it leaves nothing behind.
+    pub fn unnamed_file(&self, flags: OFlags, mode: u32) -> io::Result<Option<OwnedFd>> {
+        if TMPFILE.load(Ordering::Relaxed) == NO {
+            return Ok(None);
+        }
+        match rustix::fs::openat(
+            &self.fd,
+            c".",
+            flags | OFlags::TMPFILE | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        ) {
+            Ok(fd) => Ok(Some(fd)),
+            // No O_TMPFILE in this kernel or file system: named files from now on.
+            Err(
+                rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::ISDIR | rustix::io::Errno::INVAL,
+            ) => {
+                TMPFILE.store(NO, Ordering::Relaxed);
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Gives the unnamed file `fd` the name `name` here; fails with `EEXIST` if the name
+    /// is taken (a link never replaces anything).
+    pub fn link_file(&self, fd: BorrowedFd<'_>, name: &OsStr) -> io::Result<()> {
+        // Through /proc, which any user may do; AT_EMPTY_PATH (which needs
+        // CAP_DAC_READ_SEARCH) only where /proc is not mounted.
+        let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+        let linked = match rustix::fs::linkat(
+            rustix::fs::CWD,
+            proc.as_str(),
+            &self.fd,
+            name,
+            AtFlags::SYMLINK_FOLLOW,
+        ) {
+            Err(rustix::io::Errno::NOENT) if !Path::new("/proc/self/fd").is_dir() => {
+                rustix::fs::linkat(fd, c"", &self.fd, name, AtFlags::EMPTY_PATH)
+            }
+            r => r,
+        };
+        Ok(linked?)
+    }
+
     /// Makes a hard link `name` here to entry `from_name` of `from`, never following a
     /// symlink at either end.
     pub fn hard_link(&self, from: &impl AsFd, from_name: &OsStr, name: &OsStr) -> io::Result<()> {
@@ -265,6 +311,8 @@ const NO: u8 = 2;
 
 /// Whether the kernel has `openat2`, learned on first use.
 static OPENAT2: AtomicU8 = AtomicU8::new(UNKNOWN);
+/// Whether unnamed files (`O_TMPFILE`) work; `NO` once a file system refused one.
+static TMPFILE: AtomicU8 = AtomicU8::new(UNKNOWN);
 
 /// Opens `rel` (relative, with no `..`) below `dir`, refusing to pass through a symlink
 /// or to leave `dir`: `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, or, where
