@@ -508,17 +508,21 @@ pub(crate) fn place_alone(
 /// last, verification against `digest`, and the rename into place. On failure the
 /// temporary file is removed.
 ///
-/// System calls per file of one part, measured with `strace -c -f` restoring 20,000
-/// small files as root (see `docs/ARCHITECTURE.md`, "A restore"): 12 before restore
-/// worked through directory descriptors (two `lstat`s of the final name and one after,
-/// `openat`, `pwrite64`, `fstat` for the length, `fchown`, `fchmod`, `utimensat`,
-/// `close`, `rename`), 6 now (`openat`, `pwrite64`, `fchown`, `utimensat`, `close`,
-/// `renameat`): no `lstat` in a directory this restore made (nothing can be there), the
-/// length known from the writes, the mode given at creation where that is safe
-/// (`restore::creation_mode`). Writing under the final name with `O_EXCL` would save
-/// the rename too, but a restore killed mid-file would then leave a partial file under
-/// the final name, which a later `--overwrite never` or `if-newer` (its mtime is
-/// recent) would keep as if complete; a temporary name is never taken for the file.
+/// System calls per file of one part, counted with `strace -c -f` on a release build
+/// restoring 5,000 small files in 50 directories as root: 11 on main before restore
+/// worked through directory descriptors (1faf43e: three `lstat`s of the final name and an
+/// `fstat` for the length, `openat`, `pwrite64`, `fchown`, `fchmod`, `utimensat`,
+/// `close`, `rename`; 56,458 calls in all), 6 now (`openat(O_TMPFILE)`, `pwrite64`,
+/// `fchown`, `utimensat`, `linkat`, `close`; 31,589 in all; one fewer without root, no
+/// `fchown`). No `lstat` in a directory this restore made (nothing else can be there),
+/// the length known from the writes, the mode given at creation where that is safe
+/// (`restore::creation_mode`). On the Linux 6.1 tree (78,611 files, one run, old and new
+/// binaries interleaved) that took restore's system time from 4.30 and 4.43 s to 3.28
+/// and 3.29 s (0.75x); the same without O_TMPFILE (a temporary name and `renameat`)
+/// gave 3.42 and 3.98 s. Writing under the final name with `O_EXCL` would save the
+/// link too, but a restore killed mid-file would leave a partial file under the final
+/// name, which a later `--overwrite never`, or `if-newer` (its mtime is recent), would
+/// keep as if complete: a file gets its name only when complete.
 fn complete(
     file: File,
     unnamed: bool,
