@@ -505,8 +505,8 @@ pub(crate) fn place_alone(
 }
 
 /// Finishes a written temporary file: length (a trailing hole), metadata with the mtime
-/// last, verification against `digest`, and the rename into place. On failure the
-/// temporary file is removed.
+/// last, verification against `digest`, and its name (linked if the file is unnamed,
+/// else renamed into place). On failure a temporary file is removed.
 ///
 /// System calls per file of one part, counted with `strace -c -f` on a release build
 /// restoring 5,000 small files in 50 directories as root: 11 on main before restore
@@ -516,11 +516,17 @@ pub(crate) fn place_alone(
 /// `fchown`, `utimensat`, `linkat`, `close`; 31,589 in all; one fewer without root, no
 /// `fchown`). No `lstat` in a directory this restore made (nothing else can be there),
 /// the length known from the writes, the mode given at creation where that is safe
-/// (`restore::creation_mode`). On the Linux 6.1 tree (78,611 files, one run, old and new
-/// binaries interleaved) that took restore's system time from 4.30 and 4.43 s to 3.28
-/// and 3.29 s (0.75x); the same without O_TMPFILE (a temporary name and `renameat`)
-/// gave 3.42 and 3.98 s. Writing under the final name with `O_EXCL` would save the
-/// link too, but a restore killed mid-file would leave a partial file under the final
+/// (`restore::creation_mode`). Timed in one run with the binaries interleaved
+/// (release builds, warm repository, this shared 2-core VM): 5,000 small files, 8
+/// restores each, system time 2.67 s -> 1.56 s and wall time 5.81 s -> 4.36 s in sum; a
+/// second set just after a large deletion 11.00 -> 8.99 s system, 16.34 -> 13.26 s wall,
+/// where a temporary name and `renameat` instead of O_TMPFILE gave 11.20 and 16.49 s
+/// (no better than before: the unnamed file is what pays). Linux 6.1 tree (78,611
+/// files), two restores each: system 4.30/4.43 s -> 3.28/3.29 s in one run, 4.58/5.77 s
+/// -> 4.67/4.52 s in another; wall time there is the kernel's write path and the VM's
+/// noise (3.52-5.91 s before, 3.25-6.14 s after), not measurably changed.
+///
+/// Writing under the final name with `O_EXCL` would save the link too, but a restore killed mid-file would leave a partial file under the final
 /// name, which a later `--overwrite never`, or `if-newer` (its mtime is recent), would
 /// keep as if complete: a file gets its name only when complete.
 fn complete(
