@@ -34,6 +34,12 @@ pub enum Error {
         supported: u32,
     },
 
+    #[error(
+        "The config of {location} is not the one this repository was created with: {reason}. \
+         Do not write to it; restore the config from a copy of the repository"
+    )]
+    ConfigNotAuthentic { location: String, reason: String },
+
     #[error("{name} in {location} is damaged: {reason}")]
     CorruptObject {
         location: String,

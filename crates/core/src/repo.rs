@@ -11,7 +11,7 @@ use cairn_storage::{Storage, StorageError};
 use crate::cache::Cache;
 use crate::compress::{self, Compression};
 use crate::config::{ChunkerConfig, Config, ConfigError, FORMAT_VERSION};
-use crate::crypto::MasterKey;
+use crate::crypto::{MasterKey, Purpose};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, KeyId, PackId, SnapshotId};
 use crate::index::{BlobLocation, Index, IndexBuilder, IndexFile, IndexedPack};
@@ -30,6 +30,8 @@ pub struct InitOptions {
     pub pack_size: u64,
     pub kdf: KdfParams,
     pub host: String,
+    /// The repository format: [`FORMAT_VERSION`], or 1 to make an old repository in tests.
+    pub format: u32,
     /// Name blobs and cut chunks as this key does (`init --copy-chunker-params`), so the
     /// new repository deduplicates with the one it belongs to.
     pub ids_from: Option<Arc<MasterKey>>,
@@ -44,6 +46,7 @@ impl Default for InitOptions {
             pack_size: 16 << 20,
             kdf: KdfParams::default(),
             host: String::new(),
+            format: FORMAT_VERSION,
             ids_from: None,
         }
     }
@@ -86,18 +89,20 @@ impl Repository {
         }
         let key = match &opts.ids_from {
             Some(other) => MasterKey::sharing_ids_with(other),
-            None => MasterKey::generate(),
+            None => MasterKey::generate_for(opts.format),
         };
         let key_file = KeyFile::create(&key, password, opts.kdf, &opts.host).to_bytes();
         storage.write(&KeyId::of_bytes(&key_file).storage_name(), &key_file)?;
-        let config = Config {
-            version: FORMAT_VERSION,
+        let mut config = Config {
+            version: key.format(),
             id: hex::encode(rand::random::<[u8; 16]>()),
             chunker: ChunkerConfig::fastcdc(opts.chunker),
             hash: "blake3-keyed".into(),
             compression: opts.compression,
             pack_size: opts.pack_size,
+            mac: None,
         };
+        config.sign(&key);
         // The config is written last: it is what makes the directory a repository.
         let bytes = serde_json::to_vec_pretty(&config).expect("a config serializes");
         storage.write("config", &bytes)?;
@@ -132,6 +137,9 @@ impl Repository {
     pub fn open_without_index(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
         let config = read_config(storage.as_ref())?;
         let key = open_key(storage.as_ref(), password)?;
+        config
+            .authenticate(&key)
+            .map_err(|e| config_error(storage.as_ref(), e))?;
         Ok(Self::assemble(storage, config, key))
     }
 
@@ -385,7 +393,7 @@ impl Repository {
         loc: &BlobLocation,
         sealed: &[u8],
     ) -> Result<Vec<u8>> {
-        self.unseal_blob(id, sealed, loc.raw_length as usize)
+        self.unseal_blob(id, loc, sealed)
             .map_err(|reason| Error::BlobDamaged {
                 id: *id,
                 pack: loc.pack,
@@ -428,11 +436,14 @@ impl Repository {
     fn unseal_blob(
         &self,
         id: &BlobId,
+        loc: &BlobLocation,
         sealed: &[u8],
-        raw_length: usize,
     ) -> std::result::Result<Vec<u8>, String> {
-        let tagged = self.key.open(sealed).map_err(|e| e.to_string())?;
-        let plain = compress::decompress(&tagged, raw_length).map_err(|e| e.to_string())?;
+        let tagged = (self.key)
+            .open(loc.kind.purpose(*id), sealed)
+            .map_err(|e| e.to_string())?;
+        let plain =
+            compress::decompress(&tagged, loc.raw_length as usize).map_err(|e| e.to_string())?;
         if self.key.blob_id(&plain) != *id {
             return Err("its content does not match its id".into());
         }
@@ -450,7 +461,7 @@ impl Repository {
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
         if let Some(sealed) = cache.tree(&hex) {
-            match self.unseal_blob(id, &sealed, loc.raw_length as usize) {
+            match self.unseal_blob(id, &loc, &sealed) {
                 Ok(plain) => return Ok(plain),
                 Err(_) => cache.remove_tree(&hex),
             }
@@ -497,7 +508,7 @@ impl Repository {
                 continue;
             };
             // Damaged trees are left out; the caller's own read reports them.
-            if let Ok(plain) = self.unseal_blob(tid, sealed, l.raw_length as usize) {
+            if let Ok(plain) = self.unseal_blob(tid, l, sealed) {
                 cache.put_tree(&tid.to_string(), sealed);
                 if tid == id {
                     found = Some(plain);
@@ -588,7 +599,7 @@ impl Repository {
 
     /// Writes a snapshot: the commit point of a backup.
     pub fn save_snapshot(&self, snapshot: &Snapshot) -> Result<SnapshotId> {
-        let bytes = crate::object::seal(&self.key, &snapshot.to_json());
+        let bytes = crate::object::seal(&self.key, Purpose::Snapshot, &snapshot.to_json());
         let id = SnapshotId::of_bytes(&bytes);
         self.write_cacheable_file(&id.storage_name(), &bytes)?;
         Ok(id)
@@ -597,7 +608,8 @@ impl Repository {
     pub fn load_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
         let name = id.storage_name();
         let bytes = self.read_cacheable_file(&name)?;
-        let json = crate::object::open(&self.key, &bytes).map_err(|r| self.corrupt(&name, r))?;
+        let json = crate::object::open(&self.key, Purpose::Snapshot, &bytes)
+            .map_err(|r| self.corrupt(&name, r))?;
         Snapshot::from_json(&json).map_err(|e| self.corrupt(&name, e.to_string()))
     }
 
@@ -673,7 +685,12 @@ fn read_config(storage: &dyn Storage) -> Result<Config> {
         Err(StorageError::NotFound { .. }) => return Err(Error::NotARepository { location }),
         Err(e) => return Err(e.into()),
     };
-    Config::parse(&bytes).map_err(|e| match e {
+    Config::parse(&bytes).map_err(|e| config_error(storage, e))
+}
+
+fn config_error(storage: &dyn Storage, e: ConfigError) -> Error {
+    let location = storage.location();
+    match e {
         ConfigError::UnsupportedVersion(found) => Error::UnsupportedVersion {
             location,
             found,
@@ -684,7 +701,8 @@ fn read_config(storage: &dyn Storage) -> Result<Config> {
             name: "config".into(),
             reason,
         },
-    })
+        ConfigError::NotAuthentic(reason) => Error::ConfigNotAuthentic { location, reason },
+    }
 }
 
 fn open_key(storage: &dyn Storage, password: &[u8]) -> Result<MasterKey> {

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use cairn_storage::{Storage, StorageError};
 use serde::{Deserialize, Serialize};
 
-use crate::crypto::MasterKey;
+use crate::crypto::{MasterKey, Purpose};
 use crate::error::{Error, Result};
 use crate::repo::Repository;
 
@@ -187,7 +187,7 @@ fn list_in(storage: &dyn Storage, key: &MasterKey) -> Result<Vec<SessionView>> {
     let mut unreadable = Vec::new();
     for (name, time) in storage.list_modified("sessions")? {
         let info = match storage.read(&name) {
-            Ok(bytes) => crate::object::open(key, &bytes)
+            Ok(bytes) => crate::object::open(key, Purpose::Session, &bytes)
                 .ok()
                 .and_then(|j| serde_json::from_slice::<SessionInfo>(&j).ok()),
             Err(StorageError::NotFound { .. }) => continue,
@@ -494,7 +494,10 @@ impl Shared {
             let mut state = self.lock();
             state.info.seq += 1;
             let json = serde_json::to_vec(&state.info).expect("a session serializes");
-            (crate::object::seal(&self.key, &json), boot_time())
+            (
+                crate::object::seal(&self.key, Purpose::Session, &json),
+                boot_time(),
+            )
         };
         let name = format!("sessions/{}", blake3::hash(&bytes).to_hex());
         self.storage.write(&name, &bytes)?;

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::crypto::Purpose;
 use crate::error::{Error, Result};
 use crate::id::{PackId, RawId};
 use crate::repo::Repository;
@@ -111,7 +112,8 @@ pub fn read(repo: &Repository) -> Result<Trash> {
 fn read_file(repo: &Repository, name: &str) -> Result<TrashFile> {
     let bytes = repo.storage().read(name)?;
     repo.check_name(name, &bytes)?;
-    let json = crate::object::open(repo.key(), &bytes).map_err(|r| repo.corrupt(name, r))?;
+    let json = crate::object::open(repo.key(), Purpose::Trash, &bytes)
+        .map_err(|r| repo.corrupt(name, r))?;
     let trash: TrashFile =
         serde_json::from_slice(&json).map_err(|e| repo.corrupt(name, e.to_string()))?;
     if trash.version != 1 && trash.version != VERSION {
@@ -123,7 +125,7 @@ fn read_file(repo: &Repository, name: &str) -> Result<TrashFile> {
 /// Writes a trash file; returns its storage name.
 fn write(repo: &Repository, trash: &TrashFile) -> Result<String> {
     let json = serde_json::to_vec(trash).expect("a trash file serializes");
-    let bytes = crate::object::seal(repo.key(), &json);
+    let bytes = crate::object::seal(repo.key(), Purpose::Trash, &json);
     let name = name_of(blake3::hash(&bytes).as_bytes());
     match repo.storage().write(&name, &bytes) {
         // Same content, same name: the file is already there.

@@ -629,7 +629,7 @@ impl Restorer<'_> {
             return Ok(true);
         }
         let (params, seed) = match self.repo.chunker_params() {
-            Ok(p) => (p, self.repo.key().chunker_seed()),
+            Ok(p) => (p, self.repo.key().chunker_gear()),
             Err(e) => return Err(io::Error::other(crate::error::chain(&e))),
         };
         let file = OpenOptions::new()
