@@ -1,6 +1,7 @@
 //! Black-box tests of the `cairn` binary: each test runs the real command in a tempdir,
 //! as a user would, and checks what it did to the files, not just its exit code.
 
+mod authenticated;
 mod backup;
 mod chunk;
 mod common;
