@@ -241,7 +241,7 @@ fn key_ids(storage: &dyn Storage) -> Result<(Vec<KeyId>, Vec<String>)> {
 
 /// What trying one key file came to.
 enum Tried {
-    Opened(MasterKey),
+    Opened(Box<MasterKey>),
     /// The secret does not open it: this much work was spent.
     Wrong(u64),
     /// A random key file, not tried with a typed password.
@@ -251,7 +251,7 @@ enum Tried {
 
 fn try_one(secret: &Secret, id: KeyId, file: &KeyFile) -> Tried {
     match secret.open(file) {
-        Ok(key) => Tried::Opened(key),
+        Ok(key) => Tried::Opened(Box::new(key)),
         Err(KeyFileError::WrongPassword) => Tried::Wrong(file.work().unwrap_or(0)),
         Err(KeyFileError::NotForPasswords) => Tried::NotForPasswords,
         Err(e) => Tried::Unusable(format!("{}: {e}", id.storage_name())),
@@ -270,7 +270,7 @@ struct Search {
 }
 
 impl Search {
-    fn note(&mut self, outcome: Tried) -> Option<MasterKey> {
+    fn note(&mut self, outcome: Tried) -> Option<Box<MasterKey>> {
         match outcome {
             Tried::Opened(key) => return Some(key),
             Tried::Wrong(work) => {
@@ -323,7 +323,7 @@ fn unlock(
             Err(e) => unusable(id, &e),
         };
         if let Some(key) = search.note(outcome) {
-            return Ok((key, id));
+            return Ok((*key, id));
         }
     }
 
@@ -355,7 +355,7 @@ fn unlock(
             continue;
         }
         if let Some(key) = search.note(try_one(secret, *id, file)) {
-            return Ok((key, *id));
+            return Ok((*key, *id));
         }
     }
     if !untried.is_empty() {
