@@ -473,3 +473,37 @@ fn an_unwritable_state_directory_is_one_warning_and_the_command_succeeds() {
     assert_eq!(err.matches("warning:").count(), 1, "{err}");
     assert!(err.contains("cannot record"), "{err}");
 }
+
+#[test]
+fn a_default_repository_made_before_still_opens_and_passwd_gives_it_a_key_without_stretching() {
+    let env = TestEnv::new();
+    // As cairn made it before: the key file's secret used as a password, stretched.
+    let secret = "0123456789abcdef".repeat(4);
+    fs::create_dir_all(env.root.join("config/cairn")).unwrap();
+    fs::write(default_key(&env), format!("{secret}\n")).unwrap();
+    run(
+        env.bare_cmd()
+            .env("CAIRN_PASSWORD", &secret)
+            .arg("-r")
+            .arg(default_repo(&env))
+            .arg("init"),
+        "a default repository as made before",
+    );
+    assert_eq!(stored_key_files(&default_repo(&env))[0]["kdf"], "argon2id");
+    let src = first_default_backup(&env);
+    run(
+        unconfigured(&env).args(["key", "passwd"]),
+        "cairn key passwd on an old default repository",
+    );
+    let stored = stored_key_files(&default_repo(&env));
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0]["kdf"], "blake3");
+    let target = env.path("restored");
+    run(
+        unconfigured(&env)
+            .args(["restore", "latest", "--target"])
+            .arg(&target),
+        "restore after the key was replaced",
+    );
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::CONTENTS);
+}
