@@ -13,9 +13,10 @@ use crate::compress::{self, Compression};
 use crate::config::{ChunkerConfig, Config, ConfigError, FORMAT_VERSION};
 use crate::crypto::{MasterKey, Purpose};
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IndexId, KeyId, PackId, SnapshotId};
+use crate::id::{BlobId, IndexId, PackId, SnapshotId};
 use crate::index::{BlobLocation, Index, IndexBuilder, IndexFile, IndexedPack};
-use crate::keyfile::{KdfParams, KeyFile, KeyFileError};
+use crate::keyfile::KdfParams;
+use crate::keys::{Access, Credentials};
 use crate::pack::{self, BlobKind, PackEntry};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
@@ -71,6 +72,8 @@ pub struct Repository {
     pack_ends: std::sync::OnceLock<HashMap<PackId, u64>>,
     /// Recently read plaintext blobs, for readers of many small files.
     recent_blobs: RecentBlobs,
+    /// The key file that opened it and this client's state of it ([`crate::keys`]).
+    access: Access,
 }
 
 /// All readable snapshots, oldest first, and the ones that could not be read.
@@ -82,7 +85,12 @@ pub struct SnapshotList {
 
 impl Repository {
     /// Creates a repository in empty storage and opens it.
-    pub fn init(storage: Arc<dyn Storage>, password: &[u8], opts: &InitOptions) -> Result<Self> {
+    pub fn init(
+        storage: Arc<dyn Storage>,
+        credentials: impl Into<Credentials>,
+        opts: &InitOptions,
+    ) -> Result<Self> {
+        let credentials = credentials.into();
         let location = storage.location();
         if storage.exists("config")? || !storage.list("keys")?.is_empty() {
             return Err(Error::RepositoryExists { location });
@@ -91,8 +99,13 @@ impl Repository {
             Some(other) => MasterKey::sharing_ids_with(other),
             None => MasterKey::generate_for(opts.format),
         };
-        let key_file = KeyFile::create(&key, password, opts.kdf, &opts.host).to_bytes();
-        storage.write(&KeyId::of_bytes(&key_file).storage_name(), &key_file)?;
+        let key_file = crate::keys::write_key_file(
+            storage.as_ref(),
+            &key,
+            &credentials.secret,
+            opts.kdf,
+            &opts.host,
+        )?;
         let mut config = Config {
             version: key.format(),
             id: hex::encode(rand::random::<[u8; 16]>()),
@@ -106,10 +119,11 @@ impl Repository {
         // The config is written last: it is what makes the directory a repository.
         let bytes = serde_json::to_vec_pretty(&config).expect("a config serializes");
         storage.write("config", &bytes)?;
-        Ok(Self::assemble(storage, config, key))
+        let access = Access::new(key_file, credentials.state.as_ref(), &config.id);
+        Ok(Self::assemble(storage, config, key, access))
     }
 
-    fn assemble(storage: Arc<dyn Storage>, config: Config, key: MasterKey) -> Self {
+    fn assemble(storage: Arc<dyn Storage>, config: Config, key: MasterKey, access: Access) -> Self {
         let storage_is_remote = storage.is_remote();
         Repository {
             storage,
@@ -122,25 +136,29 @@ impl Repository {
             windows: storage_is_remote.then(PackWindows::default),
             recent_blobs: RecentBlobs::default(),
             pack_ends: std::sync::OnceLock::new(),
+            access,
         }
     }
 
-    /// Opens a repository with `password` and loads its index.
-    pub fn open(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
-        let mut repo = Self::open_without_index(storage, password)?;
+    /// Opens a repository with `credentials` (a password, at least) and loads its index.
+    pub fn open(storage: Arc<dyn Storage>, credentials: impl Into<Credentials>) -> Result<Self> {
+        let mut repo = Self::open_without_index(storage, credentials)?;
         repo.load_index()?;
         Ok(repo)
     }
 
     /// Opens a repository without reading its index yet ([`load_index`](Self::load_index)):
     /// a backup first registers its session, then reads the index.
-    pub fn open_without_index(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
+    pub fn open_without_index(
+        storage: Arc<dyn Storage>,
+        credentials: impl Into<Credentials>,
+    ) -> Result<Self> {
         let config = read_config(storage.as_ref())?;
-        let key = open_key(storage.as_ref(), password)?;
+        let (key, access) = crate::keys::open(storage.as_ref(), &config, credentials.into())?;
         config
             .authenticate(&key)
             .map_err(|e| config_error(storage.as_ref(), e))?;
-        Ok(Self::assemble(storage, config, key))
+        Ok(Self::assemble(storage, config, key, access))
     }
 
     /// (Re)reads the trash and every index file. Each file is added to the index as it is
@@ -153,6 +171,7 @@ impl Repository {
             attempt += 1;
             let trash = crate::trash::read(self)?;
             let observed = trash.observed();
+            self.access.saw_trash(observed);
             let mut index = IndexBuilder::default();
             index.condemn(trash.packs.keys().copied());
             let mut problems = trash.problems;
@@ -325,6 +344,11 @@ impl Repository {
 
     pub fn key(&self) -> &Arc<MasterKey> {
         &self.key
+    }
+
+    /// How it was opened: the key file, and this client's state of it.
+    pub fn access(&self) -> &Access {
+        &self.access
     }
 
     pub fn storage(&self) -> &Arc<dyn Storage> {
@@ -614,11 +638,13 @@ impl Repository {
     }
 
     pub fn snapshot_ids(&self) -> Result<Vec<SnapshotId>> {
-        Ok(self
+        let ids: Vec<SnapshotId> = self
             .list_cacheable("snapshots")?
             .iter()
             .filter_map(|n| n.strip_prefix("snapshots/")?.parse().ok())
-            .collect())
+            .collect();
+        self.access.saw_snapshots(&ids);
+        Ok(ids)
     }
 
     /// Every snapshot, oldest first.
@@ -703,35 +729,6 @@ fn config_error(storage: &dyn Storage, e: ConfigError) -> Error {
         },
         ConfigError::NotAuthentic(reason) => Error::ConfigNotAuthentic { location, reason },
     }
-}
-
-fn open_key(storage: &dyn Storage, password: &[u8]) -> Result<MasterKey> {
-    let location = storage.location();
-    let names = storage.list("keys")?;
-    if names.is_empty() {
-        return Err(Error::CorruptObject {
-            location,
-            name: "keys/".into(),
-            reason: "there are no key files, so nothing can be decrypted".into(),
-        });
-    }
-    let mut problems = Vec::new();
-    for name in &names {
-        let bytes = storage.read(name)?;
-        match KeyFile::from_bytes(&bytes).and_then(|k| k.open(password)) {
-            Ok(key) => return Ok(key),
-            Err(KeyFileError::WrongPassword) => {}
-            Err(e) => problems.push(format!("{name}: {e}")),
-        }
-    }
-    if problems.len() == names.len() {
-        return Err(Error::CorruptObject {
-            location,
-            name: "keys/".into(),
-            reason: problems.join("; "),
-        });
-    }
-    Err(Error::WrongPassword { location })
 }
 
 /// A repository in `dir` with a key that derives in a moment, for unit tests.

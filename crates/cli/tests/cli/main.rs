@@ -18,6 +18,7 @@ mod helpers;
 mod ignore_files;
 mod init;
 mod inspect;
+mod keys;
 mod maintenance;
 mod mount;
 mod no_loss;
