@@ -2,6 +2,13 @@
 //! keyed hash, so an unchanged directory is stored once however many snapshots hold it.
 //! File contents are lists of byte ranges of data blobs; names are raw bytes, so names
 //! that are not UTF-8 survive a round trip.
+//!
+//! A tree comes from storage, which an attacker may have written (with a key, or through
+//! a bug of an older writer), and every reader joins its names to paths: restore and
+//! `dump` to the target, mount to its directories, zip to its entries, `copy` into
+//! another repository. So parsing, not each reader, refuses a name that is not one plain
+//! path component, and names out of order: lookups are binary searches and merges of
+//! sorted lists, which a repeated or unsorted name would silently mislead.
 
 use serde::{Deserialize, Serialize};
 
@@ -18,8 +25,28 @@ impl Tree {
         postcard::to_stdvec(self).expect("a tree serializes")
     }
 
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self, postcard::Error> {
-        postcard::from_bytes(bytes)
+    /// Decodes a tree and checks its names: each is one safe path component
+    /// ([`is_safe_name`]) and each sorts strictly after the one before (sorted, no
+    /// repeats), as every writer of trees stores them.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, TreeError> {
+        let tree: Tree = postcard::from_bytes(bytes)?;
+        let mut previous: Option<&[u8]> = None;
+        for (index, node) in tree.nodes.iter().enumerate() {
+            if !is_safe_name(&node.name) {
+                return Err(TreeError::UnsafeName {
+                    index,
+                    name: node.name.escape_ascii().to_string(),
+                });
+            }
+            if previous.is_some_and(|p| p >= node.name.as_slice()) {
+                return Err(TreeError::OutOfOrder {
+                    index,
+                    name: node.name.escape_ascii().to_string(),
+                });
+            }
+            previous = Some(&node.name);
+        }
+        Ok(tree)
     }
 
     pub fn find(&self, name: &[u8]) -> Option<&Node> {
@@ -42,6 +69,27 @@ pub fn next_named<N: std::borrow::Borrow<Node>>(
         .is_some()
     {}
     nodes.next_if(|n| n.borrow().name == name)
+}
+
+/// Why stored bytes are not a tree. Names are shown with bytes outside printable ASCII
+/// escaped (`\x1b`), since the message ends up on a terminal.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TreeError {
+    #[error("{0}")]
+    Decode(#[from] postcard::Error),
+
+    #[error(
+        "entry {index} has the unsafe name \"{name}\" (a name must be one path component: \
+         not empty, `.` or `..`, without `/` or NUL)"
+    )]
+    UnsafeName { index: usize, name: String },
+
+    #[error(
+        "entry {index} \"{name}\" does not sort after the entry before it (names must be \
+         sorted and unique)"
+    )]
+    OutOfOrder { index: usize, name: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +213,47 @@ mod tests {
         assert_eq!(Tree::from_bytes(&tree.to_bytes()).unwrap(), tree);
         assert!(tree.find(&[0xff, 0xfe]).is_some());
         assert!(tree.find(b"b").is_none());
+    }
+
+    #[test]
+    fn trees_with_unsafe_names_do_not_parse() {
+        for bad in [&b""[..], b".", b"..", b"../x", b"a/b", b"/", b"a\0"] {
+            let mut tree = Tree {
+                nodes: vec![node(b"a"), node(bad)],
+            };
+            tree.nodes.sort_by(|a, b| a.name.cmp(&b.name));
+            let err = Tree::from_bytes(&tree.to_bytes()).unwrap_err();
+            assert!(
+                matches!(err, TreeError::UnsafeName { .. }),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn trees_with_unsorted_or_repeated_names_do_not_parse() {
+        for names in [[&b"b"[..], b"a"], [&b"a"[..], b"a"]] {
+            let tree = Tree {
+                nodes: names.iter().map(|n| node(n)).collect(),
+            };
+            let err = Tree::from_bytes(&tree.to_bytes()).unwrap_err();
+            assert!(
+                matches!(err, TreeError::OutOfOrder { index: 1, .. }),
+                "{err}"
+            );
+        }
+        let empty = Tree::default();
+        assert_eq!(Tree::from_bytes(&empty.to_bytes()).unwrap(), empty);
+    }
+
+    #[test]
+    fn an_unsafe_name_is_shown_escaped_in_the_error() {
+        let tree = Tree {
+            nodes: vec![node(b"\x1b[31m/x")],
+        };
+        let text = Tree::from_bytes(&tree.to_bytes()).unwrap_err().to_string();
+        assert!(text.contains("\\x1b[31m/x"), "{text}");
+        assert!(!text.contains('\x1b'), "{text}");
     }
 
     #[test]
