@@ -11,6 +11,7 @@ mod default_repo;
 mod diff;
 mod dump;
 mod errors;
+mod escapes;
 mod find;
 mod fixtures;
 mod helpers;
