@@ -138,6 +138,72 @@ impl NodeKind {
     }
 }
 
+/// Where a file's bytes are among its content refs, for reads at any offset (`mount`): the
+/// offset in the file at which each ref starts.
+#[derive(Debug, Clone)]
+pub struct ContentIndex {
+    /// `starts[i]` is the file offset of ref `i`; the last entry is the file's length.
+    starts: Vec<u64>,
+}
+
+/// One piece of a read: bytes `blob_range` of the blob of ref `part`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub part: usize,
+    pub blob_range: std::ops::Range<usize>,
+}
+
+impl ContentIndex {
+    pub fn new(content: &[ContentRef]) -> Self {
+        let mut starts = Vec::with_capacity(content.len() + 1);
+        let mut at = 0u64;
+        starts.push(0);
+        for part in content {
+            // Cannot overflow: a file would need 2^32 refs of 4 GiB first.
+            at += u64::from(part.len);
+            starts.push(at);
+        }
+        ContentIndex { starts }
+    }
+
+    /// The file's length: the sum of its refs' lengths.
+    pub fn len(&self) -> u64 {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The pieces that hold bytes `offset..offset + size` of the file (cut at its end),
+    /// in order; empty at or past the end. `content` must be the refs this index was
+    /// made from. Refs of length 0 are never returned.
+    pub fn pieces(&self, content: &[ContentRef], offset: u64, size: u64) -> Vec<Piece> {
+        let end = self.len().min(offset.saturating_add(size));
+        let mut out = Vec::new();
+        let mut at = offset;
+        while at < end {
+            // The ref whose range holds `at`: the last start at or before it, which
+            // skips refs of length 0. At least `starts[0] = 0` is at or before it.
+            let i = self.starts.partition_point(|&s| s <= at) - 1;
+            let (Some(part), Some(&next)) = (content.get(i), self.starts.get(i + 1)) else {
+                break; // `content` is not the one this index was made from
+            };
+            let upto = end.min(next);
+            // Both within the ref's `len: u32`, so within `usize` too.
+            let from = (at - self.starts[i]) as usize;
+            let to = (upto - self.starts[i]) as usize;
+            let base = part.offset as usize;
+            out.push(Piece {
+                part: i,
+                blob_range: base + from..base + to,
+            });
+            at = upto;
+        }
+        out
+    }
+}
+
 /// `len` bytes of blob `blob` starting at `offset`. A file's content is the concatenation
 /// of its refs; today each ref is a whole chunk, but a ref may also point into a chunk
 /// shared by several small files.
@@ -254,6 +320,31 @@ mod tests {
         let text = Tree::from_bytes(&tree.to_bytes()).unwrap_err().to_string();
         assert!(text.contains("\\x1b[31m/x"), "{text}");
         assert!(!text.contains('\x1b'), "{text}");
+    }
+
+    #[test]
+    fn reads_at_any_offset_find_their_pieces() {
+        let r = |offset, len| ContentRef {
+            blob: BlobId([offset as u8; 32]),
+            offset,
+            len,
+        };
+        let content = [r(5, 10), r(0, 0), r(100, 4), r(7, 6)];
+        let index = ContentIndex::new(&content);
+        assert_eq!(index.len(), 20);
+        let p = |part, a, b| Piece {
+            part,
+            blob_range: a..b,
+        };
+        assert_eq!(
+            index.pieces(&content, 0, 20),
+            [p(0, 5, 15), p(2, 100, 104), p(3, 7, 13)]
+        );
+        assert_eq!(index.pieces(&content, 9, 3), [p(0, 14, 15), p(2, 100, 102)]);
+        assert_eq!(index.pieces(&content, 18, 100), [p(3, 11, 13)]);
+        assert_eq!(index.pieces(&content, 20, 1), []);
+        assert_eq!(index.pieces(&content, u64::MAX, u64::MAX), []);
+        assert_eq!(index.pieces(&content[..1], 0, 20), [p(0, 5, 15)]);
     }
 
     #[test]
