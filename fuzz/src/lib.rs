@@ -3,7 +3,8 @@
 
 use std::sync::OnceLock;
 
-use cairn_core::crypto::{KdfParams, MasterKey};
+use cairn_core::crypto::MasterKey;
+use cairn_core::keyfile::KdfParams;
 
 /// One key for the whole process. Built from its serialized form so that it is the same in
 /// every run; nothing here depends on its value, only on holding one.
