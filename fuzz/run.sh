@@ -15,7 +15,7 @@ cd "$(dirname "$0")"
 seconds=${CAIRN_FUZZ_SECONDS:-20}
 # libfuzzer-sys compiles libFuzzer from its C++ source.
 if ! command -v c++ >/dev/null; then
-  apt-get install -y g++ >/dev/null
+  (apt-get update && apt-get install -y g++) >/dev/null
 fi
 export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
