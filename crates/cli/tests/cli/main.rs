@@ -37,3 +37,4 @@ mod trust_concurrency;
 mod trust_crash;
 mod trust_damage;
 mod trust_full_disk;
+mod unsafe_trees;
