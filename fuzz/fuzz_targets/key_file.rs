@@ -1,7 +1,8 @@
 //! Key files: plaintext JSON on storage, and the master key's JSON inside the wrapping.
 #![no_main]
 
-use cairn_core::crypto::{KeyFile, MasterKey};
+use cairn_core::crypto::MasterKey;
+use cairn_core::keyfile::KeyFile;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -103,7 +103,10 @@ pub fn open_other(
     let mut repo = open_other_without_index(spec, password_file, password_command)?;
     repo.load_index()?;
     for problem in repo.index_problems() {
-        eprintln!("warning: {}", cairn_core::error::chain(problem));
+        eprintln!(
+            "warning: {}",
+            crate::output::message(&cairn_core::error::chain(problem))
+        );
     }
     Ok(repo)
 }
@@ -305,7 +308,10 @@ pub fn open_uncached(global: &GlobalArgs) -> Result<Repository> {
 fn load_index(repo: &mut Repository) -> Result<()> {
     repo.load_index()?;
     for problem in repo.index_problems() {
-        eprintln!("warning: {}", cairn_core::error::chain(problem));
+        eprintln!(
+            "warning: {}",
+            crate::output::message(&cairn_core::error::chain(problem))
+        );
     }
     Ok(())
 }
