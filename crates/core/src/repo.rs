@@ -20,7 +20,7 @@ use crate::keys::{Access, Credentials};
 use crate::pack::{self, BlobKind, PackEntry};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
-use crate::window::{PackWindows, RecentBlobs, WINDOW};
+use crate::window::{PackWindows, RecentBlobs};
 use crate::writer::{BlobWriter, WriterReport};
 
 /// Settings fixed when a repository is created.
@@ -430,31 +430,25 @@ impl Repository {
     /// not be read (the caller's own read then reports why).
     fn read_through_window(&self, loc: &BlobLocation) -> Option<Vec<u8>> {
         let windows = self.windows.as_ref()?;
-        let (offset, end) = (loc.offset as u64, (loc.offset + loc.length) as u64);
-        let start = offset / WINDOW * WINDOW;
-        if end > start + WINDOW {
-            return None;
-        }
         let pack_end = *self
             .pack_ends
             .get_or_init(|| {
                 let mut ends: HashMap<PackId, u64> = HashMap::new();
                 for (_, l) in self.index.iter() {
                     let e = ends.entry(l.pack).or_default();
-                    *e = (*e).max((l.offset + l.length) as u64);
+                    // In u64: an index entry near 4 GiB must not wrap.
+                    *e = (*e).max(u64::from(l.offset) + u64::from(l.length));
                 }
                 ends
             })
             .get(&loc.pack)?;
-        let window_end = (start + WINDOW).min(pack_end);
-        let window = windows.get((loc.pack, start), || {
+        let span = crate::window::span(loc.offset, loc.length, pack_end)?;
+        let window = windows.get((loc.pack, span.start), || {
             self.storage
-                .read_range(&loc.pack.storage_name(), start, window_end - start)
+                .read_range(&loc.pack.storage_name(), span.start, span.len)
                 .ok()
         })?;
-        window
-            .get((offset - start) as usize..(end - start) as usize)
-            .map(<[u8]>::to_vec)
+        window.get(span.within).map(<[u8]>::to_vec)
     }
 
     fn unseal_blob(
@@ -515,7 +509,9 @@ impl Repository {
             })
             .get(&loc.pack)?;
         let start = trees.iter().map(|(_, l)| l.offset).min()? as u64;
-        let end = trees.iter().map(|(_, l)| l.offset + l.length).max()? as u64;
+        let end = (trees.iter())
+            .map(|(_, l)| u64::from(l.offset) + u64::from(l.length))
+            .max()?;
         let wanted: u64 = trees.iter().map(|(_, l)| l.length as u64).sum();
         // A pack of data with a few trees in it: fetching the span would mostly be data.
         if trees.len() < 2 || end - start > 2 * wanted + (64 << 10) {
