@@ -6,6 +6,7 @@
 //! writes `trailer_len` as the header length instead of the true one.
 #![no_main]
 
+use cairn_core::crypto::Purpose;
 use cairn_core::pack::read_header;
 use libfuzzer_sys::fuzz_target;
 
@@ -18,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let body_len = u16::from_le_bytes([fixed[0], fixed[1]]) as usize;
-    let sealed = key.seal(plain);
+    let sealed = key.seal(Purpose::PackHeader, plain);
     let header_len = if fixed[2] & 1 == 1 {
         u32::from_le_bytes([fixed[3], fixed[4], fixed[5], fixed[6]])
     } else {

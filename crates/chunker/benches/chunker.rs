@@ -25,8 +25,12 @@ fn chunker(c: &mut Criterion) {
         group.bench_function(format!("stream {name}"), |b| {
             let mut buffer = Vec::new();
             b.iter(|| {
-                let mut chunker =
-                    Chunker::with_buffer(&data[..], params, 0x5eed, std::mem::take(&mut buffer));
+                let mut chunker = Chunker::with_buffer(
+                    &data[..],
+                    params,
+                    0x5eed_u64,
+                    std::mem::take(&mut buffer),
+                );
                 let mut count = 0u32;
                 while let Some(chunk) = chunker.next_chunk().expect("reading a slice") {
                     black_box(chunk.data);
@@ -38,7 +42,7 @@ fn chunker(c: &mut Criterion) {
         });
         // The cut-point function alone, over memory.
         group.bench_function(format!("slice {name}"), |b| {
-            b.iter(|| chunk_slice(black_box(&data), params, 0x5eed).len())
+            b.iter(|| chunk_slice(black_box(&data), params, 0x5eed_u64).len())
         });
     }
     group.finish();

@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::io::{self, Read};
+use std::sync::Arc;
 
 use fastcdc::v2020::{cut_gear, get_gear_with_seed, logarithm2, Normalization, MASKS};
 
@@ -34,26 +35,74 @@ pub struct Chunk<'a> {
     pub data: &'a [u8],
 }
 
-/// The cut-point function with its masks and (possibly seeded) gear tables.
+/// The gear table of the rolling hash: which byte values push a cut point where. A
+/// repository keys it, so chunk boundaries do not show which known files it holds.
+///
+/// ```
+/// use cairn_chunker::Gear;
+///
+/// // Format 1: fastcdc's public table XORed with a 64-bit seed (0 is the plain table).
+/// let seeded = Gear::from(0x5eed_u64);
+/// // Format 2: a whole table from a keyed PRF (the caller derives it; this crate does
+/// // no cryptography).
+/// let keyed = Gear::from_table([7; 256]);
+/// assert_ne!(seeded, keyed);
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct Gear {
+    gear: Arc<[u64; 256]>,
+    gear_ls: Arc<[u64; 256]>,
+}
+
+impl Gear {
+    /// A table given whole, for example from a keyed PRF. FastCDC 2020 also needs the
+    /// table shifted left by one bit; it is derived here.
+    pub fn from_table(table: [u64; 256]) -> Self {
+        let shifted = table.map(|v| v << 1);
+        Gear {
+            gear: Arc::new(table),
+            gear_ls: Arc::new(shifted),
+        }
+    }
+}
+
+impl From<u64> for Gear {
+    /// fastcdc's table with `seed` XORed into every entry (`get_gear_with_seed`). Only
+    /// 48 of the seed's bits move cut points, and the table is public: format 1 only.
+    fn from(seed: u64) -> Self {
+        let (gear, gear_ls) = get_gear_with_seed(seed);
+        Gear {
+            gear: Arc::new(*gear),
+            gear_ls: Arc::new(*gear_ls),
+        }
+    }
+}
+
+impl fmt::Debug for Gear {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The table is derived from a repository secret.
+        f.write_str("Gear(..)")
+    }
+}
+
+/// The cut-point function with its masks and gear tables.
 struct Cutter {
     min_size: usize,
     avg_size: usize,
     max_size: usize,
     mask_s: u64,
     mask_l: u64,
-    gear: Box<[u64; 256]>,
-    gear_ls: Box<[u64; 256]>,
+    gear: Gear,
 }
 
 impl Cutter {
-    fn new(params: ChunkerParams, seed: u64) -> Self {
+    fn new(params: ChunkerParams, gear: Gear) -> Self {
         // The fields of ChunkerParams are public, so a value may have bypassed `new`;
         // out-of-range sizes would index past fastcdc's mask table.
         let params = ChunkerParams::new(params.min_size, params.avg_size, params.max_size)
             .unwrap_or_else(|err| panic!("Invalid chunker parameters: {err}"));
         let bits = logarithm2(params.avg_size);
         let level = NORMALIZATION.bits();
-        let (gear, gear_ls) = get_gear_with_seed(seed);
         Cutter {
             // fastcdc starts testing at byte `min_size / 2 * 2` and may cut right there,
             // one byte short of an odd minimum; rounding up keeps every chunk but the
@@ -64,7 +113,6 @@ impl Cutter {
             mask_s: MASKS[(bits + level) as usize],
             mask_l: MASKS[(bits - level) as usize],
             gear,
-            gear_ls,
         }
     }
 
@@ -80,8 +128,8 @@ impl Cutter {
             self.mask_l,
             self.mask_s << 1,
             self.mask_l << 1,
-            &self.gear,
-            &self.gear_ls,
+            &self.gear.gear,
+            &self.gear.gear_ls,
         );
         len
     }
@@ -101,8 +149,8 @@ pub struct Chunker<R> {
 }
 
 impl<R: Read> Chunker<R> {
-    /// `seed` is XORed into the gear table (fastcdc's `get_gear_with_seed`) so a
-    /// repository can key its chunk boundaries; 0 = the plain FastCDC table.
+    /// `gear` keys the chunk boundaries ([`Gear`]; `0_u64.into()` is the plain FastCDC
+    /// table).
     ///
     /// The buffer grows as needed to 4 MiB, and past it to `max_size` only while a
     /// chunk needs it: reader threads each hold one (16 MiB each, when it was always
@@ -111,14 +159,19 @@ impl<R: Read> Chunker<R> {
     /// # Panics
     ///
     /// If `params` holds sizes that [`ChunkerParams::new`] rejects.
-    pub fn new(reader: R, params: ChunkerParams, seed: u64) -> Self {
-        Self::with_buffer(reader, params, seed, Vec::new())
+    pub fn new(reader: R, params: ChunkerParams, gear: impl Into<Gear>) -> Self {
+        Self::with_buffer(reader, params, gear, Vec::new())
     }
 
     /// As [`new`](Self::new), reusing the allocation of a buffer from
     /// [`into_buffer`](Chunker::into_buffer), so that chunking many files allocates once.
-    pub fn with_buffer(reader: R, params: ChunkerParams, seed: u64, mut buffer: Vec<u8>) -> Self {
-        let cutter = Cutter::new(params, seed);
+    pub fn with_buffer(
+        reader: R,
+        params: ChunkerParams,
+        gear: impl Into<Gear>,
+        mut buffer: Vec<u8>,
+    ) -> Self {
+        let cutter = Cutter::new(params, gear.into());
         let capacity = cutter.max_size.max(MIN_BUFFER_BYTES);
         if buffer.len() < INITIAL_BUFFER_BYTES.min(capacity) {
             buffer.resize(INITIAL_BUFFER_BYTES.min(capacity), 0);
@@ -235,13 +288,17 @@ impl<R: fmt::Debug> fmt::Debug for Chunker<R> {
 }
 
 /// Cut points of an in-memory slice as `(offset, length)` pairs; the same as what
-/// [`Chunker`] yields for the same bytes, params and seed.
+/// [`Chunker`] yields for the same bytes, params and gear.
 ///
 /// # Panics
 ///
 /// If `params` holds sizes that [`ChunkerParams::new`] rejects.
-pub fn chunk_slice(data: &[u8], params: ChunkerParams, seed: u64) -> Vec<(usize, usize)> {
-    let cutter = Cutter::new(params, seed);
+pub fn chunk_slice(
+    data: &[u8],
+    params: ChunkerParams,
+    gear: impl Into<Gear>,
+) -> Vec<(usize, usize)> {
+    let cutter = Cutter::new(params, gear.into());
     let mut cuts = Vec::with_capacity(data.len() / cutter.avg_size + 1);
     let mut offset = 0;
     while offset < data.len() {

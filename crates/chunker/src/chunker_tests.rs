@@ -107,7 +107,7 @@ fn boundaries_are_stable_under_an_insertion_near_the_start() {
 fn sizes_respect_min_and_max_on_random_data() {
     let params = small_params();
     let data = random_bytes(5_000_000, 3);
-    let cuts = chunk_slice(&data, params, 0);
+    let cuts = chunk_slice(&data, params, 0_u64);
     assert_sizes_within_limits(&cuts, params);
     let mean = data.len() / cuts.len();
     assert!(
@@ -206,16 +206,16 @@ fn cut_points_match_fastcdc_reference_implementation() {
 
 #[test]
 fn empty_input_yields_no_chunks() {
-    let mut chunker = Chunker::new(io::empty(), ChunkerParams::DEFAULT, 0);
+    let mut chunker = Chunker::new(io::empty(), ChunkerParams::DEFAULT, 0_u64);
     assert!(chunker.next_chunk().unwrap().is_none());
     assert_eq!(chunker.position(), 0);
-    assert!(chunk_slice(&[], ChunkerParams::DEFAULT, 0).is_empty());
+    assert!(chunk_slice(&[], ChunkerParams::DEFAULT, 0_u64).is_empty());
 }
 
 #[test]
 fn input_shorter_than_the_minimum_is_one_chunk() {
     let data = b"tiny";
-    let mut chunker = Chunker::new(&data[..], small_params(), 0);
+    let mut chunker = Chunker::new(&data[..], small_params(), 0_u64);
     let chunk = chunker.next_chunk().unwrap().unwrap();
     assert_eq!((chunk.offset, chunk.data), (0, &data[..]));
     assert!(chunker.next_chunk().unwrap().is_none());
@@ -225,7 +225,7 @@ fn input_shorter_than_the_minimum_is_one_chunk() {
 fn different_seeds_give_different_boundaries() {
     let params = small_params();
     let data = random_bytes(2_000_000, 12);
-    let plain = chunk_slice(&data, params, 0);
+    let plain = chunk_slice(&data, params, 0_u64);
     let keyed = chunk_slice(&data, params, 0x0123_4567_89ab_cdef);
     assert_ne!(plain, keyed);
     assert_eq!(keyed, chunk_slice(&data, params, 0x0123_4567_89ab_cdef));

@@ -13,7 +13,7 @@
 //!
 //! let data: Vec<u8> = (0..200_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
 //! let params = ChunkerParams::new(2048, 8192, 32768)?;
-//! let mut chunker = Chunker::new(&data[..], params, 0);
+//! let mut chunker = Chunker::new(&data[..], params, 0_u64);
 //! let mut total = 0;
 //! while let Some(chunk) = chunker.next_chunk()? {
 //!     assert_eq!(chunk.offset, total as u64);
@@ -22,12 +22,12 @@
 //! }
 //! assert_eq!(total, data.len());
 //! // The in-memory variant finds the same cut points.
-//! assert_eq!(chunk_slice(&data, params, 0).iter().map(|&(_, len)| len).sum::<usize>(), total);
+//! assert_eq!(chunk_slice(&data, params, 0_u64).iter().map(|&(_, len)| len).sum::<usize>(), total);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod chunker;
 mod params;
 
-pub use chunker::{chunk_slice, Chunk, Chunker};
+pub use chunker::{chunk_slice, Chunk, Chunker, Gear};
 pub use params::{ChunkerParams, ParamsError};

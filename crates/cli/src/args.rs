@@ -122,6 +122,40 @@ pub enum Command {
     /// Edit the config file ($XDG_CONFIG_HOME/cairn/config.toml)
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Manage the repository's keys: several passwords, rotation after a leak
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// List the key files: id, the one in use (*), host, creation time, key derivation
+    #[command(visible_alias = "ls")]
+    List,
+    /// Add a password that opens the repository
+    Add(NewKeyArgs),
+    /// Remove a key file (never the one in use, never the last)
+    #[command(visible_alias = "rm")]
+    Remove(KeyRemoveArgs),
+    /// Replace the key in use with a new password (on the default repository without
+    /// --new-password-file: with a new random key in its key file)
+    Passwd(NewKeyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NewKeyArgs {
+    /// Read the new password from the first line of this file (else it is asked for)
+    #[arg(long, value_name = "FILE")]
+    pub new_password_file: Option<PathBuf>,
+    /// Host name recorded in the new key file (default: this host's)
+    #[arg(long)]
+    pub host: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyRemoveArgs {
+    /// The key file's id, or a unique prefix of it (`cairn key list` shows them)
+    pub id: String,
 }
 
 #[derive(Debug, Subcommand)]

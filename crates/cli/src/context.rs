@@ -13,6 +13,9 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
 use cairn_core::cache::Cache;
+use cairn_core::client_state::StateOptions;
+use cairn_core::keyfile::RandomSecret;
+use cairn_core::keys::{Credentials, Secret};
 use cairn_core::repo::{InitOptions, Repository};
 use cairn_core::storage::{RequestCounts, Storage};
 
@@ -100,7 +103,10 @@ pub fn open_other(
     let mut repo = open_other_without_index(spec, password_file, password_command)?;
     repo.load_index()?;
     for problem in repo.index_problems() {
-        eprintln!("warning: {}", cairn_core::error::chain(problem));
+        eprintln!(
+            "warning: {}",
+            crate::output::message(&cairn_core::error::chain(problem))
+        );
     }
     Ok(repo)
 }
@@ -127,8 +133,26 @@ pub fn open_other_without_index(
             )?,
         },
     };
-    Repository::open_without_index(storage_at(&loc.path)?, password.as_bytes())
+    Repository::open_without_index(storage_at(&loc.path)?, credentials(&password))
         .with_context(|| format!("Cannot open the repository {spec}"))
+}
+
+/// Where this client keeps what it remembers of each repository (the key file that opened
+/// it, evidence against rollback): `$XDG_STATE_HOME/cairn`, else `~/.local/state/cairn`.
+pub fn state_options() -> Option<StateOptions> {
+    let dir = dirs::state_dir().or_else(|| dirs::home_dir().map(|h| h.join(".local/state")))?;
+    Some(StateOptions {
+        dir: dir.join("cairn"),
+        warn: Arc::new(|w: &str| eprintln!("warning: {w}")),
+    })
+}
+
+/// A secret given as text (see [`Secret::from_text`]) with this client's state options.
+fn credentials(text: &str) -> Credentials {
+    Credentials {
+        secret: Secret::from_text(text),
+        state: state_options(),
+    }
 }
 
 /// The password given explicitly for the repository of `-r`, if any.
@@ -185,6 +209,21 @@ fn password_of(global: &GlobalArgs, loc: &Location) -> Result<Option<String>> {
         Some(pw) => Ok(Some(pw)),
         None => entry_password(loc),
     }
+}
+
+/// A new password: from the first line of `file`, else asked twice on a terminal.
+pub fn new_password(file: Option<&Path>) -> Result<String> {
+    let password = match file {
+        Some(file) => read_password(&PasswordSource::File(file.to_path_buf()))?,
+        None if !std::io::stdin().is_terminal() => bail!(
+            "No new password: pass --new-password-file FILE, or run this on a terminal to type it"
+        ),
+        None => prompt("New password: ", true)?,
+    };
+    if password.is_empty() {
+        bail!("An empty password is not allowed");
+    }
+    Ok(password)
 }
 
 fn first_line(text: &str) -> String {
@@ -269,7 +308,10 @@ pub fn open_uncached(global: &GlobalArgs) -> Result<Repository> {
 fn load_index(repo: &mut Repository) -> Result<()> {
     repo.load_index()?;
     for problem in repo.index_problems() {
-        eprintln!("warning: {}", cairn_core::error::chain(problem));
+        eprintln!(
+            "warning: {}",
+            crate::output::message(&cairn_core::error::chain(problem))
+        );
     }
     Ok(())
 }
@@ -282,10 +324,22 @@ pub fn open_without_index(global: &GlobalArgs) -> Result<Repository> {
 }
 
 fn open_repository(global: &GlobalArgs) -> Result<Repository> {
+    open_repository_keyed(global).map(|(repo, _)| repo)
+}
+
+/// Opens the repository without its index, for key management: also says whether it was
+/// opened with the default repository's key file, and which.
+pub fn open_for_keys(global: &GlobalArgs) -> Result<(Repository, Option<PathBuf>)> {
+    open_repository_keyed(global)
+}
+
+fn open_repository_keyed(global: &GlobalArgs) -> Result<(Repository, Option<PathBuf>)> {
     let loc = locate(global)?;
+    let mut by_default_key = None;
     let password = match (password_of(global, &loc)?, &loc.default_key) {
         (Some(pw), _) => pw,
         (None, Some(key)) => {
+            by_default_key = Some(key.clone());
             if !loc.path.join("config").exists() {
                 bail!(
                     "No repository given, and the default repository {} does not exist yet: \
@@ -297,10 +351,8 @@ fn open_repository(global: &GlobalArgs) -> Result<Repository> {
         }
         (None, None) => prompt("Repository password: ", false)?,
     };
-    Ok(Repository::open_without_index(
-        storage_at(&loc.path)?,
-        password.as_bytes(),
-    )?)
+    let repo = Repository::open_without_index(storage_at(&loc.path)?, credentials(&password))?;
+    Ok((repo, by_default_key))
 }
 
 fn read_default_key(key: &Path, repo: &Path) -> Result<String> {
@@ -320,15 +372,22 @@ pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
     let loc = locate(global)?;
     let given = password_of(global, &loc)?;
     let given_none = given.is_none();
-    let password = match (given, &loc.default_key) {
-        (Some(pw), _) => pw,
+    let secret = match (given, &loc.default_key) {
+        // A password the user gave is one a person chose, whatever it looks like.
+        (Some(pw), _) => Secret::Password(pw.into_bytes().into()),
         (None, Some(key)) => create_default_key(key)?,
-        (None, None) => prompt("Repository password: ", true)?,
+        (None, None) => {
+            Secret::Password(prompt("Repository password: ", true)?.into_bytes().into())
+        }
     };
-    if password.is_empty() {
+    if matches!(&secret, Secret::Password(pw) if pw.is_empty()) {
         bail!("An empty password is not allowed");
     }
-    let mut repo = Repository::init(storage_at(&loc.path)?, password.as_bytes(), opts)?;
+    let credentials = Credentials {
+        secret,
+        state: state_options(),
+    };
+    let mut repo = Repository::init(storage_at(&loc.path)?, credentials, opts)?;
     attach_cache(&mut repo, global);
     if let Some(key) = &loc.default_key {
         if given_none {
@@ -353,27 +412,67 @@ pub fn open_or_create_default(global: &GlobalArgs) -> Result<Repository> {
     open_without_index(global)
 }
 
-fn create_default_key(key: &Path) -> Result<String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
+/// The default repository's secret: the key file left by an earlier attempt, else a new
+/// random secret in a new key file (cairn generated it, so its key file in the repository
+/// needs no password stretching).
+fn create_default_key(key: &Path) -> Result<Secret> {
     if key.exists() {
         // A key left by an earlier attempt: reuse it rather than lock anything out.
-        return read_default_key(key, key);
+        return Ok(Secret::from_text(&read_default_key(key, key)?));
     }
-    if let Some(dir) = key.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("Cannot create {}", dir.display()))?;
+    let secret = RandomSecret::generate();
+    write_key_file(key, &secret)?;
+    Ok(Secret::Random(secret))
+}
+
+/// Creates `path` holding `secret`, 0600, and makes it durable: the file, its directory
+/// and any directory created for it are fsynced, as it may be the only copy of the key.
+pub fn write_key_file(path: &Path, secret: &RandomSecret) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        create_dirs_durably(dir).with_context(|| format!("Cannot create {}", dir.display()))?;
     }
-    let password = hex::encode(rand::random::<[u8; 32]>());
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(key)
-        .with_context(|| format!("Cannot create the key file {}", key.display()))?;
-    f.write_all(format!("{password}\n").as_bytes())
+        .open(path)
+        .with_context(|| format!("Cannot create the key file {}", path.display()))?;
+    f.write_all(format!("{}\n", secret.as_text()).as_bytes())
         .and_then(|_| f.sync_all())
-        .with_context(|| format!("Cannot write the key file {}", key.display()))?;
-    Ok(password)
+        .and_then(|_| sync_dir(path.parent().unwrap_or(Path::new("."))))
+        .with_context(|| format!("Cannot write the key file {}", path.display()))
+}
+
+/// `create_dir_all`, fsyncing the parent of each directory it creates.
+fn create_dirs_durably(dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dirs_durably(parent)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => sync_dir(dir.parent().unwrap_or(Path::new("."))),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes a directory's new or renamed entries durable (where the file system can).
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::File::open(dir)?.sync_all() {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::Unsupported
+            ) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 /// Opens the repository of `--from-repo`, with or without its index.

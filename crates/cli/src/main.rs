@@ -30,11 +30,11 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) if signals::interrupted() => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", output::message(&format!("{err:#}")));
             ExitCode::from(EXIT_INTERRUPTED)
         }
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", output::message(&format!("{err:#}")));
             ExitCode::FAILURE
         }
     }

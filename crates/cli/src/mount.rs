@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use cairn_core::id::{BlobId, SnapshotId};
 use cairn_core::snapshot::Snapshot;
-use cairn_core::tree::{Node, NodeKind, Time, Tree};
+use cairn_core::tree::{ContentIndex, Node, NodeKind, Time, Tree};
 use cairn_core::Repository;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, Generation, INodeNo, LockOwner, MountOption,
@@ -173,7 +173,7 @@ struct Inodes {
     /// share one inode here too.
     hardlinks: HashMap<(usize, u64, u64), u64>,
     /// Chunk start offsets of files that have been read, and the file size at the end.
-    offsets: HashMap<u64, Arc<Vec<u64>>>,
+    offsets: HashMap<u64, Arc<ContentIndex>>,
 }
 
 impl Inodes {
@@ -441,7 +441,7 @@ impl SnapshotFs {
     /// Reads `size` bytes at `offset` of file `ino`, fetching only the chunks that
     /// cover them.
     fn read_range(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        let (node, starts) = {
+        let (node, index) = {
             let mut inodes = self.inodes();
             let node = match inodes.get(ino).map(|i| &i.kind) {
                 Some(Kind::Entry { node, .. }) => Arc::clone(node),
@@ -451,42 +451,33 @@ impl SnapshotFs {
             let NodeKind::File { content, .. } = &node.kind else {
                 return Err(Errno::EINVAL);
             };
-            let starts = Arc::clone(inodes.offsets.entry(ino).or_insert_with(|| {
-                let mut starts = Vec::with_capacity(content.len() + 1);
-                let mut at = 0u64;
-                starts.push(0);
-                for part in content {
-                    at += u64::from(part.len);
-                    starts.push(at);
-                }
-                Arc::new(starts)
-            }));
-            (node, starts)
+            let index = Arc::clone(
+                inodes
+                    .offsets
+                    .entry(ino)
+                    .or_insert_with(|| Arc::new(ContentIndex::new(content))),
+            );
+            (node, index)
         };
         let NodeKind::File { content, .. } = &node.kind else {
             return Err(Errno::EINVAL);
         };
-        let end_of_file = *starts.last().unwrap_or(&0);
-        let end = end_of_file.min(offset.saturating_add(u64::from(size)));
-        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
-        let mut at = offset;
-        while at < end {
-            // The chunk whose range holds `at`: the last start at or before it.
-            let i = starts.partition_point(|&s| s <= at) - 1;
-            let part = &content[i];
+        // The offset arithmetic is `ContentIndex::pieces`, which the fuzz target
+        // `file_pieces` exercises.
+        let pieces = index.pieces(content, offset, u64::from(size));
+        let mut out = Vec::with_capacity(pieces.iter().map(|p| p.blob_range.len()).sum());
+        for piece in pieces {
+            let part = &content[piece.part];
             let blob = self.chunk(&part.blob)?;
-            let from = part.offset as usize + (at - starts[i]) as usize;
-            let to = part.offset as usize + (end.min(starts[i + 1]) - starts[i]) as usize;
-            let bytes = blob.get(from..to).ok_or_else(|| {
+            let bytes = blob.get(piece.blob_range).ok_or_else(|| {
                 eprintln!(
                     "error: {}: content reference outside blob {}",
-                    String::from_utf8_lossy(&node.name),
+                    crate::output::name(&node.name),
                     part.blob
                 );
                 Errno::EIO
             })?;
             out.extend_from_slice(bytes);
-            at += bytes.len() as u64;
         }
         Ok(out)
     }
@@ -506,7 +497,10 @@ impl SnapshotFs {
 
     /// Reports a repository error on stderr (the reader sees only EIO) and returns EIO.
     fn eio(&self, e: &cairn_core::Error) -> Errno {
-        eprintln!("error: {}", cairn_core::error::chain(e));
+        eprintln!(
+            "error: {}",
+            crate::output::message(&cairn_core::error::chain(e))
+        );
         Errno::EIO
     }
 

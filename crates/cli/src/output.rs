@@ -1,5 +1,8 @@
-//! Formatting for people: sizes, times, and the monitor that prints problems as they happen.
+//! Formatting for people: sizes, times, names made safe for a terminal, and the monitor
+//! that prints problems as they happen.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::io::Write;
 use std::path::Path;
 
@@ -54,11 +57,90 @@ pub struct StderrMonitor;
 
 impl Monitor for StderrMonitor {
     fn problem(&self, path: &Path, error: &dyn std::fmt::Display) {
-        eprintln!("error: {}: {error}", path.display());
+        let line = format!("error: {}: {error}", path.display());
+        eprintln!("{}", message(&line));
     }
 
     fn cancelled(&self) -> bool {
         crate::signals::interrupted()
+    }
+}
+
+/// A name or path from a snapshot or a backed-up tree, made safe to print: a name is
+/// whatever bytes its owner chose, and `\e]0;...` or `\e[2J` in one would otherwise
+/// retitle or clear the terminal of whoever lists the snapshot, and a newline would
+/// forge a line of output.
+///
+/// Printable UTF-8 is kept as it is (accents, CJK, emoji). Escaped, in the style of
+/// Rust's and GNU `ls -b`'s escapes rather than `ls`'s `?` (which loses which byte it
+/// was, so two names could print alike): `\n`, `\t`, `\r`; other control characters
+/// (C0, DEL) and bytes that are not UTF-8 as `\xNN`; C1 controls and the bidirectional
+/// overrides, which reorder what a terminal shows, as `\u{NNNN}`; and the backslash
+/// itself as `\\`, so that a name that spells an escape does not print like another
+/// name. Output is therefore unambiguous: distinct names print differently.
+/// `--json` output needs none of this: JSON strings escape control characters.
+pub fn name(bytes: &[u8]) -> Cow<'_, str> {
+    match std::str::from_utf8(bytes) {
+        Ok(s) if !s.chars().any(|c| c == '\\' || needs_escape(c)) => Cow::Borrowed(s),
+        _ => {
+            let mut out = String::with_capacity(bytes.len() + 8);
+            for chunk in bytes.utf8_chunks() {
+                for c in chunk.valid().chars() {
+                    match c {
+                        '\\' => out.push_str("\\\\"),
+                        c if needs_escape(c) => push_escaped(&mut out, c),
+                        c => out.push(c),
+                    }
+                }
+                for b in chunk.invalid() {
+                    let _ = write!(out, "\\x{b:02x}");
+                }
+            }
+            Cow::Owned(out)
+        }
+    }
+}
+
+/// An error or warning line, made safe to print: messages quote names and paths from
+/// snapshots and backed-up trees. Control characters are escaped as in [`name`], but
+/// newlines and tabs, which messages use for their own layout, are kept, and so are
+/// backslashes, which would otherwise double the escapes that messages quoting with
+/// `{:?}` already hold.
+pub fn message(text: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c != '\n' && c != '\t' && needs_escape(c);
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            push_escaped(&mut out, c);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Characters a terminal acts on rather than shows: C0 and C1 controls, DEL, and the
+/// bidirectional embeddings, overrides and isolates (the "Trojan Source" characters),
+/// which make a name display as another.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\t' => out.push_str("\\t"),
+        '\r' => out.push_str("\\r"),
+        c if (c as u32) < 0x80 => {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        }
+        c => {
+            let _ = write!(out, "\\u{{{:04x}}}", c as u32);
+        }
     }
 }
 
@@ -127,5 +209,57 @@ pub fn print_request_counts(
                 size(sent)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printable_names_are_kept_as_they_are() {
+        for n in ["plain.txt", "été ☃ 漢字 🦀", "a b'c\"d", "..."] {
+            assert!(matches!(name(n.as_bytes()), Cow::Borrowed(_)), "{n}");
+        }
+    }
+
+    #[test]
+    fn control_characters_in_names_are_escaped() {
+        assert_eq!(name(b"x\x1b[31mred\nline"), "x\\x1b[31mred\\nline");
+        assert_eq!(name(b"a\tb\rc\x7fd\x07"), "a\\tb\\rc\\x7fd\\x07");
+        assert_eq!(name("c1\u{9b}31m".as_bytes()), "c1\\u{009b}31m");
+        assert_eq!(
+            name("evil\u{202e}txt.exe".as_bytes()),
+            "evil\\u{202e}txt.exe"
+        );
+        assert_eq!(name(b"bad\xff\xfeutf8"), "bad\\xff\\xfeutf8");
+    }
+
+    #[test]
+    fn escaped_names_are_unambiguous() {
+        // A name that spells an escape prints differently from the one it spells.
+        assert_eq!(name(b"a\\x1b"), "a\\\\x1b");
+        assert_ne!(name(b"a\\x1b"), name(b"a\x1b"));
+        assert_ne!(name(b"\\xff"), name(b"\xff"));
+    }
+
+    #[test]
+    fn messages_keep_their_lines_but_lose_escape_sequences() {
+        assert_eq!(
+            message("error: /x\x1b]0;owned\x07: gone\n  hint\t1"),
+            "error: /x\\x1b]0;owned\\x07: gone\n  hint\t1"
+        );
+        assert_eq!(message("C:\\dir \"q\\n\""), "C:\\dir \"q\\n\"");
+    }
+
+    #[test]
+    fn nothing_printed_holds_a_control_byte() {
+        let all: Vec<u8> = (0..=255u8).collect();
+        let shown = name(&all);
+        assert!(!shown.chars().any(needs_escape), "{shown}");
+        let text = String::from_utf8_lossy(&all);
+        assert!(!message(&text)
+            .chars()
+            .any(|c| c != '\n' && c != '\t' && needs_escape(c)));
     }
 }

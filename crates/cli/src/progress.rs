@@ -197,7 +197,10 @@ impl Progress {
         self.last_message_ms.store(now, Ordering::Relaxed);
         let text = path.to_string_lossy().into_owned();
         if let Some(bar) = self.bar.get() {
-            bar.set_message(tail(&text, path_width()));
+            // Escaped on the terminal; the JSON events keep the name exact.
+            let shown =
+                crate::output::name(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()));
+            bar.set_message(tail(&shown, path_width()));
         }
         if let Ok(mut current) = self.shared.current.lock() {
             *current = text;

@@ -8,7 +8,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use cairn_core::compress::{Compression, Compressor};
-use cairn_core::crypto::MasterKey;
+use cairn_core::crypto::{MasterKey, Purpose};
+use cairn_core::id::BlobId;
 use cairn_core::pack::{BlobKind, PackWriter};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
@@ -64,13 +65,21 @@ fn compress(c: &mut Criterion) {
 }
 
 fn seal(c: &mut Criterion) {
-    let key = MasterKey::generate();
     let data = input::mixed(INPUT_BYTES, 5);
     let mut group = c.benchmark_group("seal");
     group.throughput(Throughput::Bytes(data.len() as u64));
-    group.bench_function("xchacha20-poly1305", |b| {
-        b.iter(|| blobs(&data).map(|blob| key.seal(blob).len()).sum::<usize>())
-    });
+    // Format 2 adds a subkey, associated data and Padmé padding to format 1's seal.
+    for format in [1, 2] {
+        let key = MasterKey::generate_for(format);
+        let name = format!("xchacha20-poly1305 format {format}");
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                blobs(&data)
+                    .map(|blob| key.seal(Purpose::DataBlob(BlobId([1; 32])), blob).len())
+                    .sum::<usize>()
+            })
+        });
+    }
     group.finish();
 }
 
@@ -79,7 +88,10 @@ fn pack(c: &mut Criterion) {
     let data = input::mixed(PACK_BYTES, 6);
     // Sealed once up front: this measures the pack writer, not the cipher.
     let sealed: Vec<_> = blobs(&data)
-        .map(|blob| (key.blob_id(blob), key.seal(blob), blob.len() as u32))
+        .map(|blob| {
+            let id = key.blob_id(blob);
+            (id, key.seal(Purpose::DataBlob(id), blob), blob.len() as u32)
+        })
         .collect();
     let mut group = c.benchmark_group("pack");
     group.throughput(Throughput::Bytes(data.len() as u64));

@@ -1,14 +1,17 @@
 //! The repository's `config` file: the one plaintext file besides key files. It says which
 //! format version wrote the repository and how data is chunked, named and compressed, so a
-//! reader can refuse what it does not understand before touching anything else.
+//! reader can refuse what it does not understand before touching anything else. From
+//! format 2 its settings carry a MAC under a subkey of the master key: whoever can write
+//! to the storage cannot change them (see [`Config::authenticate`]).
 
 use cairn_chunker::ChunkerParams;
 use serde::{Deserialize, Serialize};
 
 use crate::compress::Compression;
+use crate::crypto::MasterKey;
 
 /// The newest repository format this binary reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Config {
@@ -22,6 +25,10 @@ pub struct Config {
     pub compression: Compression,
     /// Target size of a pack file in bytes.
     pub pack_size: u64,
+    /// Format 2: hex keyed BLAKE3 of the settings above (the JSON of this struct without
+    /// `mac`), under the master key's config MAC key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +63,8 @@ pub enum ConfigError {
     UnsupportedVersion(u32),
     #[error("{0}")]
     Malformed(String),
+    #[error("{0}")]
+    NotAuthentic(String),
 }
 
 impl Config {
@@ -88,6 +97,44 @@ impl Config {
         }
         Ok(config)
     }
+
+    /// The bytes the MAC covers: the settings, serialized without the MAC.
+    fn settings(&self) -> Vec<u8> {
+        let unsigned = Config {
+            mac: None,
+            ..self.clone()
+        };
+        serde_json::to_vec(&unsigned).expect("a config serializes")
+    }
+
+    /// Sets the MAC (format 2); format 1 configs have none.
+    pub fn sign(&mut self, key: &MasterKey) {
+        self.mac = (self.version >= 2).then(|| hex::encode(key.config_mac(&self.settings())));
+    }
+
+    /// Checks that `key` belongs to a repository of this config's format and, from format
+    /// 2, that the settings are the ones written at `init`. Run before any setting is used:
+    /// changed chunker sizes, codec or pack size are refused, not followed.
+    pub fn authenticate(&self, key: &MasterKey) -> Result<(), ConfigError> {
+        if key.format() != self.version {
+            return Err(ConfigError::NotAuthentic(format!(
+                "it says format {} but the key is for format {}: the config was replaced",
+                self.version,
+                key.format()
+            )));
+        }
+        if self.version == 1 {
+            return Ok(());
+        }
+        let expected = hex::encode(key.config_mac(&self.settings()));
+        match &self.mac {
+            Some(mac) if *mac == expected => Ok(()),
+            Some(_) => Err(ConfigError::NotAuthentic(
+                "its settings do not match their MAC: they were changed after `init`".into(),
+            )),
+            None => Err(ConfigError::NotAuthentic("it has no MAC".into())),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -110,11 +157,62 @@ mod tests {
 
     #[test]
     fn a_newer_version_is_named_even_with_unknown_fields() {
-        let v = serde_json::json!({"version": 2, "something_new": true});
+        let v = serde_json::json!({"version": 3, "something_new": true});
         assert!(matches!(
             Config::parse(v.to_string().as_bytes()),
-            Err(ConfigError::UnsupportedVersion(2))
+            Err(ConfigError::UnsupportedVersion(3))
         ));
+    }
+
+    /// The format 1 finding: the plaintext config's chunker sizes, codec and pack size were
+    /// followed whatever they said.
+    #[test]
+    fn changed_settings_or_a_changed_version_are_refused() {
+        let key = MasterKey::generate();
+        let mut v = sample();
+        v["version"] = 2.into();
+        let mut config = Config::parse(v.to_string().as_bytes()).unwrap();
+        config.sign(&key);
+        let stored = serde_json::to_value(&config).unwrap();
+        let reread = Config::parse(stored.to_string().as_bytes()).unwrap();
+        reread.authenticate(&key).unwrap();
+        let mut tampered = Vec::new();
+        for (path, value) in [
+            (&["chunker", "min_size"][..], serde_json::json!(65536)),
+            (&["chunker", "avg_size"], serde_json::json!(2097152)),
+            (&["compression"], serde_json::json!({"codec": "none"})),
+            (&["pack_size"], serde_json::json!(1 << 20)),
+            (&["id"], serde_json::json!("cd")),
+            (&["mac"], serde_json::json!("00")),
+        ] {
+            let mut t = stored.clone();
+            match path {
+                [a] => t[a] = value,
+                [a, b] => t[a][b] = value,
+                _ => unreachable!(),
+            }
+            tampered.push(t);
+        }
+        let mut no_mac = stored.clone();
+        no_mac.as_object_mut().unwrap().remove("mac");
+        tampered.push(no_mac);
+        for t in tampered {
+            let c = Config::parse(t.to_string().as_bytes()).unwrap();
+            assert!(
+                matches!(c.authenticate(&key), Err(ConfigError::NotAuthentic(_))),
+                "{t}"
+            );
+        }
+        // Back to format 1, where there is no MAC: the key says format 2.
+        let mut downgraded = stored.clone();
+        downgraded["version"] = 1.into();
+        let c = Config::parse(downgraded.to_string().as_bytes()).unwrap();
+        assert!(matches!(
+            c.authenticate(&key),
+            Err(ConfigError::NotAuthentic(_))
+        ));
+        // Another repository's key does not vouch for it.
+        assert!(reread.authenticate(&MasterKey::generate()).is_err());
     }
 
     #[test]

@@ -18,6 +18,41 @@ pub enum Error {
     #[error("Wrong password for the repository at {location}: no key file there opens with it")]
     WrongPassword { location: String },
 
+    #[error(
+        "Stopped trying the key files of {location}: the password opened none of the {tried} \
+         tried, and the {} left ({}) would cost more work than one command may spend on key \
+         files (someone may have put expensive ones in keys/). Check the password; if it is \
+         right, remove the key files you do not know from keys/",
+        untried.len(),
+        untried.join(", ")
+    )]
+    KeySearchStopped {
+        location: String,
+        tried: usize,
+        untried: Vec<String>,
+    },
+
+    #[error(
+        "Key {id} opened the repository for this command, so it is not removed; to replace \
+         it use `cairn key passwd`, or remove it while opening with another key's password"
+    )]
+    KeyInUse { id: String },
+
+    #[error(
+        "Key {id} is the last key of {location}: without it nothing can be decrypted; add \
+         another first (`cairn key add`)"
+    )]
+    LastKey { id: String, location: String },
+
+    #[error("No key file of {location} matches {spec:?}; `cairn key list` shows them")]
+    KeyNotFound { location: String, spec: String },
+
+    #[error("Key id {spec:?} is ambiguous: it matches {}; give more digits", candidates.join(", "))]
+    KeyAmbiguous {
+        spec: String,
+        candidates: Vec<String>,
+    },
+
     #[error("{location} is not a cairn repository (no config file); create one with `cairn init`")]
     NotARepository { location: String },
 
@@ -33,6 +68,12 @@ pub enum Error {
         found: u32,
         supported: u32,
     },
+
+    #[error(
+        "The config of {location} is not the one this repository was created with: {reason}. \
+         Do not write to it; restore the config from a copy of the repository"
+    )]
+    ConfigNotAuthentic { location: String, reason: String },
 
     #[error("{name} in {location} is damaged: {reason}")]
     CorruptObject {

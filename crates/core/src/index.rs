@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::crypto::MasterKey;
+use crate::crypto::{MasterKey, Purpose};
 use crate::id::{BlobId, PackId};
 use crate::pack::{BlobKind, PackEntry};
 
@@ -39,11 +39,11 @@ impl IndexFile {
     pub fn seal(self, key: &MasterKey) -> Vec<u8> {
         let plain = postcard::to_stdvec(&self).expect("an index serializes");
         drop(self);
-        crate::object::seal(key, &plain)
+        crate::object::seal(key, Purpose::Index, &plain)
     }
 
     pub fn open(key: &MasterKey, bytes: &[u8]) -> Result<Self, String> {
-        let plain = crate::object::open(key, bytes)?;
+        let plain = crate::object::open(key, Purpose::Index, bytes)?;
         let file: IndexFile = postcard::from_bytes(&plain).map_err(|e| e.to_string())?;
         if file.version != INDEX_VERSION {
             return Err(format!("unknown index version {}", file.version));

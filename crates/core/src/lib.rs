@@ -6,6 +6,7 @@
 //! Nothing here knows about terminals or argument syntax.
 
 pub mod cache;
+pub mod client_state;
 pub mod commit;
 pub mod compress;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod fsmeta;
 pub mod id;
 pub mod index;
 pub mod keyfile;
+pub mod keys;
 pub mod monitor;
 pub mod object;
 pub mod ops;

@@ -3,15 +3,15 @@
 //!
 //! ```text
 //! pack   := blob* header header_len:u32le
-//! blob   := seal(codec_tag || compressed bytes)
-//! header := seal(postcard(PackHeader))
+//! blob   := seal(codec_tag || compressed bytes)      as Purpose::{Data,Tree}Blob(id)
+//! header := seal(postcard(PackHeader))                as Purpose::PackHeader
 //! ```
 //!
 //! A pack is built in memory and written in one go, so no reader ever sees half of one.
 
 use serde::{Deserialize, Serialize};
 
-use crate::crypto::{MasterKey, SEAL_OVERHEAD};
+use crate::crypto::{MasterKey, Purpose, SEAL_OVERHEAD};
 use crate::id::{BlobId, PackId};
 
 /// What a blob holds.
@@ -19,6 +19,16 @@ use crate::id::{BlobId, PackId};
 pub enum BlobKind {
     Data,
     Tree,
+}
+
+impl BlobKind {
+    /// What a blob of this kind and id is sealed as.
+    pub fn purpose(self, id: BlobId) -> Purpose {
+        match self {
+            BlobKind::Data => Purpose::DataBlob(id),
+            BlobKind::Tree => Purpose::TreeBlob(id),
+        }
+    }
 }
 
 /// Where a blob sits in its pack, as recorded in the pack header and in index files.
@@ -88,7 +98,8 @@ impl PackWriter {
             entries: self.entries,
         };
         let plain = postcard::to_stdvec(&header).expect("a pack header serializes");
-        let sealed = key.seal(&plain);
+        // Format 2 pads the header, so its length does not give away the blob count.
+        let sealed = key.seal(Purpose::PackHeader, &plain);
         self.buf.extend_from_slice(&sealed);
         self.buf
             .extend_from_slice(&(sealed.len() as u32).to_le_bytes());
@@ -100,7 +111,7 @@ impl PackWriter {
 /// Size of the whole pack file that holds exactly `entries` (in any order): the blobs,
 /// the sealed header listing them, and its 4-byte length. Lets `stats` sum pack sizes
 /// from the index, without asking storage for each file's size.
-pub fn file_size(entries: &[PackEntry]) -> u64 {
+pub fn file_size(key: &MasterKey, entries: &[PackEntry]) -> u64 {
     let body = entries
         .iter()
         .map(|e| e.offset as u64 + e.length as u64)
@@ -111,7 +122,7 @@ pub fn file_size(entries: &[PackEntry]) -> u64 {
         entries: entries.to_vec(),
     };
     let plain = postcard::to_stdvec(&header).expect("a pack header serializes");
-    body + (plain.len() + SEAL_OVERHEAD) as u64 + 4
+    body + key.sealed_len(plain.len()) as u64 + 4
 }
 
 /// Length of the sealed header, from the last 4 bytes of a pack.
@@ -125,7 +136,9 @@ pub fn open_header(
     sealed: &[u8],
     body_len: u64,
 ) -> Result<Vec<PackEntry>, String> {
-    let plain = key.open(sealed).map_err(|e| format!("header: {e}"))?;
+    let plain = key
+        .open(Purpose::PackHeader, sealed)
+        .map_err(|e| format!("header: {e}"))?;
     let header: PackHeader =
         postcard::from_bytes(&plain).map_err(|e| format!("header does not parse: {e}"))?;
     if header.version != PACK_VERSION {
@@ -150,20 +163,14 @@ pub fn header_range(total: u64, trailer: [u8; 4]) -> Result<(u64, u64), String> 
     Ok((total - 4 - len, len))
 }
 
-/// Whether the blob at `offset`/`length` of a whole pack decrypts, decompresses to
-/// `raw_length` bytes and hashes to `id`.
-pub fn verify_blob(
-    key: &MasterKey,
-    pack: &[u8],
-    id: &BlobId,
-    offset: u32,
-    length: u32,
-    raw_length: u32,
-) -> bool {
-    pack.get(offset as usize..offset as usize + length as usize)
-        .and_then(|sealed| key.open(sealed).ok())
-        .and_then(|tagged| crate::compress::decompress(&tagged, raw_length as usize).ok())
-        .is_some_and(|plain| key.blob_id(&plain) == *id)
+/// Whether the blob `entry` places in a whole pack decrypts, decompresses to its
+/// `raw_length` bytes and hashes to its id.
+pub fn verify_blob(key: &MasterKey, pack: &[u8], entry: &PackEntry) -> bool {
+    let (offset, length) = (entry.offset as usize, entry.length as usize);
+    pack.get(offset..offset + length)
+        .and_then(|sealed| key.open(entry.kind.purpose(entry.id), sealed).ok())
+        .and_then(|tagged| crate::compress::decompress(&tagged, entry.raw_length as usize).ok())
+        .is_some_and(|plain| key.blob_id(&plain) == entry.id)
 }
 
 /// Reads the header of a whole pack file.
@@ -184,7 +191,13 @@ mod tests {
     fn pack_of(key: &MasterKey, blobs: &[&[u8]]) -> (PackId, Vec<u8>, Vec<PackEntry>) {
         let mut w = PackWriter::new(1024);
         for b in blobs {
-            w.add(key.blob_id(b), BlobKind::Data, key.seal(b), b.len() as u32);
+            let id = key.blob_id(b);
+            w.add(
+                id,
+                BlobKind::Data,
+                key.seal(Purpose::DataBlob(id), b),
+                b.len() as u32,
+            );
         }
         w.finish(key)
     }
@@ -194,20 +207,27 @@ mod tests {
         let key = MasterKey::generate();
         let big = vec![7u8; 5000];
         let mut w = PackWriter::new(16);
-        let sealed = key.seal(&big);
+        let big_id = key.blob_id(&big);
+        let sealed = key.seal(Purpose::TreeBlob(big_id), &big);
         let at = sealed.as_ptr();
-        w.add(key.blob_id(&big), BlobKind::Tree, sealed, big.len() as u32);
+        w.add(big_id, BlobKind::Tree, sealed, big.len() as u32);
         assert_eq!(
             w.buf.as_ptr(),
             at,
             "the sealed blob is the buffer, not a copy"
         );
-        w.add(key.blob_id(b"small"), BlobKind::Tree, key.seal(b"small"), 5);
+        let small = key.blob_id(b"small");
+        w.add(
+            small,
+            BlobKind::Tree,
+            key.seal(Purpose::TreeBlob(small), b"small"),
+            5,
+        );
         let (_, bytes, entries) = w.finish(&key);
         assert_eq!(read_header(&key, &bytes).unwrap(), entries);
         for (e, plain) in entries.iter().zip([&big[..], b"small"]) {
             let sealed = &bytes[e.offset as usize..(e.offset + e.length) as usize];
-            assert_eq!(key.open(sealed).unwrap(), plain);
+            assert_eq!(key.open(e.kind.purpose(e.id), sealed).unwrap(), plain);
         }
     }
 
@@ -220,7 +240,7 @@ mod tests {
         assert_eq!(read, entries);
         for (e, plain) in read.iter().zip([&b"one"[..], b"two two"]) {
             let sealed = &bytes[e.offset as usize..(e.offset + e.length) as usize];
-            assert_eq!(key.open(sealed).unwrap(), plain);
+            assert_eq!(key.open(e.kind.purpose(e.id), sealed).unwrap(), plain);
             assert_eq!(e.id, key.blob_id(plain));
         }
     }
@@ -230,7 +250,7 @@ mod tests {
         let key = MasterKey::generate();
         let (_, bytes, mut entries) = pack_of(&key, &[b"one", b"two two", &[7; 5000]]);
         entries.reverse();
-        assert_eq!(file_size(&entries), bytes.len() as u64);
+        assert_eq!(file_size(&key, &entries), bytes.len() as u64);
     }
 
     #[test]

@@ -11,15 +11,16 @@ use cairn_storage::{Storage, StorageError};
 use crate::cache::Cache;
 use crate::compress::{self, Compression};
 use crate::config::{ChunkerConfig, Config, ConfigError, FORMAT_VERSION};
-use crate::crypto::MasterKey;
+use crate::crypto::{MasterKey, Purpose};
 use crate::error::{Error, Result};
-use crate::id::{BlobId, IndexId, KeyId, PackId, SnapshotId};
+use crate::id::{BlobId, IndexId, PackId, SnapshotId};
 use crate::index::{BlobLocation, Index, IndexBuilder, IndexFile, IndexedPack};
-use crate::keyfile::{KdfParams, KeyFile, KeyFileError};
+use crate::keyfile::KdfParams;
+use crate::keys::{Access, Credentials};
 use crate::pack::{self, BlobKind, PackEntry};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
-use crate::window::{PackWindows, RecentBlobs, WINDOW};
+use crate::window::{PackWindows, RecentBlobs};
 use crate::writer::{BlobWriter, WriterReport};
 
 /// Settings fixed when a repository is created.
@@ -30,6 +31,8 @@ pub struct InitOptions {
     pub pack_size: u64,
     pub kdf: KdfParams,
     pub host: String,
+    /// The repository format: [`FORMAT_VERSION`], or 1 to make an old repository in tests.
+    pub format: u32,
     /// Name blobs and cut chunks as this key does (`init --copy-chunker-params`), so the
     /// new repository deduplicates with the one it belongs to.
     pub ids_from: Option<Arc<MasterKey>>,
@@ -44,6 +47,7 @@ impl Default for InitOptions {
             pack_size: 16 << 20,
             kdf: KdfParams::default(),
             host: String::new(),
+            format: FORMAT_VERSION,
             ids_from: None,
         }
     }
@@ -68,6 +72,8 @@ pub struct Repository {
     pack_ends: std::sync::OnceLock<HashMap<PackId, u64>>,
     /// Recently read plaintext blobs, for readers of many small files.
     recent_blobs: RecentBlobs,
+    /// The key file that opened it and this client's state of it ([`crate::keys`]).
+    access: Access,
 }
 
 /// All readable snapshots, oldest first, and the ones that could not be read.
@@ -79,32 +85,45 @@ pub struct SnapshotList {
 
 impl Repository {
     /// Creates a repository in empty storage and opens it.
-    pub fn init(storage: Arc<dyn Storage>, password: &[u8], opts: &InitOptions) -> Result<Self> {
+    pub fn init(
+        storage: Arc<dyn Storage>,
+        credentials: impl Into<Credentials>,
+        opts: &InitOptions,
+    ) -> Result<Self> {
+        let credentials = credentials.into();
         let location = storage.location();
         if storage.exists("config")? || !storage.list("keys")?.is_empty() {
             return Err(Error::RepositoryExists { location });
         }
         let key = match &opts.ids_from {
             Some(other) => MasterKey::sharing_ids_with(other),
-            None => MasterKey::generate(),
+            None => MasterKey::generate_for(opts.format),
         };
-        let key_file = KeyFile::create(&key, password, opts.kdf, &opts.host).to_bytes();
-        storage.write(&KeyId::of_bytes(&key_file).storage_name(), &key_file)?;
-        let config = Config {
-            version: FORMAT_VERSION,
+        let key_file = crate::keys::write_key_file(
+            storage.as_ref(),
+            &key,
+            &credentials.secret,
+            opts.kdf,
+            &opts.host,
+        )?;
+        let mut config = Config {
+            version: key.format(),
             id: hex::encode(rand::random::<[u8; 16]>()),
             chunker: ChunkerConfig::fastcdc(opts.chunker),
             hash: "blake3-keyed".into(),
             compression: opts.compression,
             pack_size: opts.pack_size,
+            mac: None,
         };
+        config.sign(&key);
         // The config is written last: it is what makes the directory a repository.
         let bytes = serde_json::to_vec_pretty(&config).expect("a config serializes");
         storage.write("config", &bytes)?;
-        Ok(Self::assemble(storage, config, key))
+        let access = Access::new(key_file, credentials.state.as_ref(), &config.id);
+        Ok(Self::assemble(storage, config, key, access))
     }
 
-    fn assemble(storage: Arc<dyn Storage>, config: Config, key: MasterKey) -> Self {
+    fn assemble(storage: Arc<dyn Storage>, config: Config, key: MasterKey, access: Access) -> Self {
         let storage_is_remote = storage.is_remote();
         Repository {
             storage,
@@ -117,22 +136,29 @@ impl Repository {
             windows: storage_is_remote.then(PackWindows::default),
             recent_blobs: RecentBlobs::default(),
             pack_ends: std::sync::OnceLock::new(),
+            access,
         }
     }
 
-    /// Opens a repository with `password` and loads its index.
-    pub fn open(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
-        let mut repo = Self::open_without_index(storage, password)?;
+    /// Opens a repository with `credentials` (a password, at least) and loads its index.
+    pub fn open(storage: Arc<dyn Storage>, credentials: impl Into<Credentials>) -> Result<Self> {
+        let mut repo = Self::open_without_index(storage, credentials)?;
         repo.load_index()?;
         Ok(repo)
     }
 
     /// Opens a repository without reading its index yet ([`load_index`](Self::load_index)):
     /// a backup first registers its session, then reads the index.
-    pub fn open_without_index(storage: Arc<dyn Storage>, password: &[u8]) -> Result<Self> {
+    pub fn open_without_index(
+        storage: Arc<dyn Storage>,
+        credentials: impl Into<Credentials>,
+    ) -> Result<Self> {
         let config = read_config(storage.as_ref())?;
-        let key = open_key(storage.as_ref(), password)?;
-        Ok(Self::assemble(storage, config, key))
+        let (key, access) = crate::keys::open(storage.as_ref(), &config, credentials.into())?;
+        config
+            .authenticate(&key)
+            .map_err(|e| config_error(storage.as_ref(), e))?;
+        Ok(Self::assemble(storage, config, key, access))
     }
 
     /// (Re)reads the trash and every index file. Each file is added to the index as it is
@@ -145,6 +171,7 @@ impl Repository {
             attempt += 1;
             let trash = crate::trash::read(self)?;
             let observed = trash.observed();
+            self.access.saw_trash(observed);
             let mut index = IndexBuilder::default();
             index.condemn(trash.packs.keys().copied());
             let mut problems = trash.problems;
@@ -319,6 +346,11 @@ impl Repository {
         &self.key
     }
 
+    /// How it was opened: the key file, and this client's state of it.
+    pub fn access(&self) -> &Access {
+        &self.access
+    }
+
     pub fn storage(&self) -> &Arc<dyn Storage> {
         &self.storage
     }
@@ -385,7 +417,7 @@ impl Repository {
         loc: &BlobLocation,
         sealed: &[u8],
     ) -> Result<Vec<u8>> {
-        self.unseal_blob(id, sealed, loc.raw_length as usize)
+        self.unseal_blob(id, loc, sealed)
             .map_err(|reason| Error::BlobDamaged {
                 id: *id,
                 pack: loc.pack,
@@ -398,41 +430,38 @@ impl Repository {
     /// not be read (the caller's own read then reports why).
     fn read_through_window(&self, loc: &BlobLocation) -> Option<Vec<u8>> {
         let windows = self.windows.as_ref()?;
-        let (offset, end) = (loc.offset as u64, (loc.offset + loc.length) as u64);
-        let start = offset / WINDOW * WINDOW;
-        if end > start + WINDOW {
-            return None;
-        }
         let pack_end = *self
             .pack_ends
             .get_or_init(|| {
                 let mut ends: HashMap<PackId, u64> = HashMap::new();
                 for (_, l) in self.index.iter() {
                     let e = ends.entry(l.pack).or_default();
-                    *e = (*e).max((l.offset + l.length) as u64);
+                    // In u64: an index entry near 4 GiB must not wrap.
+                    *e = (*e).max(u64::from(l.offset) + u64::from(l.length));
                 }
                 ends
             })
             .get(&loc.pack)?;
-        let window_end = (start + WINDOW).min(pack_end);
-        let window = windows.get((loc.pack, start), || {
+        let span = crate::window::span(loc.offset, loc.length, pack_end)?;
+        let window = windows.get((loc.pack, span.start), || {
             self.storage
-                .read_range(&loc.pack.storage_name(), start, window_end - start)
+                .read_range(&loc.pack.storage_name(), span.start, span.len)
                 .ok()
         })?;
-        window
-            .get((offset - start) as usize..(end - start) as usize)
-            .map(<[u8]>::to_vec)
+        window.get(span.within).map(<[u8]>::to_vec)
     }
 
     fn unseal_blob(
         &self,
         id: &BlobId,
+        loc: &BlobLocation,
         sealed: &[u8],
-        raw_length: usize,
     ) -> std::result::Result<Vec<u8>, String> {
-        let tagged = self.key.open(sealed).map_err(|e| e.to_string())?;
-        let plain = compress::decompress(&tagged, raw_length).map_err(|e| e.to_string())?;
+        let tagged = (self.key)
+            .open(loc.kind.purpose(*id), sealed)
+            .map_err(|e| e.to_string())?;
+        let plain =
+            compress::decompress(&tagged, loc.raw_length as usize).map_err(|e| e.to_string())?;
         if self.key.blob_id(&plain) != *id {
             return Err("its content does not match its id".into());
         }
@@ -450,7 +479,7 @@ impl Repository {
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
         if let Some(sealed) = cache.tree(&hex) {
-            match self.unseal_blob(id, &sealed, loc.raw_length as usize) {
+            match self.unseal_blob(id, &loc, &sealed) {
                 Ok(plain) => return Ok(plain),
                 Err(_) => cache.remove_tree(&hex),
             }
@@ -480,7 +509,9 @@ impl Repository {
             })
             .get(&loc.pack)?;
         let start = trees.iter().map(|(_, l)| l.offset).min()? as u64;
-        let end = trees.iter().map(|(_, l)| l.offset + l.length).max()? as u64;
+        let end = (trees.iter())
+            .map(|(_, l)| u64::from(l.offset) + u64::from(l.length))
+            .max()?;
         let wanted: u64 = trees.iter().map(|(_, l)| l.length as u64).sum();
         // A pack of data with a few trees in it: fetching the span would mostly be data.
         if trees.len() < 2 || end - start > 2 * wanted + (64 << 10) {
@@ -497,7 +528,7 @@ impl Repository {
                 continue;
             };
             // Damaged trees are left out; the caller's own read reports them.
-            if let Ok(plain) = self.unseal_blob(tid, sealed, l.raw_length as usize) {
+            if let Ok(plain) = self.unseal_blob(tid, l, sealed) {
                 cache.put_tree(&tid.to_string(), sealed);
                 if tid == id {
                     found = Some(plain);
@@ -588,7 +619,7 @@ impl Repository {
 
     /// Writes a snapshot: the commit point of a backup.
     pub fn save_snapshot(&self, snapshot: &Snapshot) -> Result<SnapshotId> {
-        let bytes = crate::object::seal(&self.key, &snapshot.to_json());
+        let bytes = crate::object::seal(&self.key, Purpose::Snapshot, &snapshot.to_json());
         let id = SnapshotId::of_bytes(&bytes);
         self.write_cacheable_file(&id.storage_name(), &bytes)?;
         Ok(id)
@@ -597,16 +628,19 @@ impl Repository {
     pub fn load_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
         let name = id.storage_name();
         let bytes = self.read_cacheable_file(&name)?;
-        let json = crate::object::open(&self.key, &bytes).map_err(|r| self.corrupt(&name, r))?;
+        let json = crate::object::open(&self.key, Purpose::Snapshot, &bytes)
+            .map_err(|r| self.corrupt(&name, r))?;
         Snapshot::from_json(&json).map_err(|e| self.corrupt(&name, e.to_string()))
     }
 
     pub fn snapshot_ids(&self) -> Result<Vec<SnapshotId>> {
-        Ok(self
+        let ids: Vec<SnapshotId> = self
             .list_cacheable("snapshots")?
             .iter()
             .filter_map(|n| n.strip_prefix("snapshots/")?.parse().ok())
-            .collect())
+            .collect();
+        self.access.saw_snapshots(&ids);
+        Ok(ids)
     }
 
     /// Every snapshot, oldest first.
@@ -673,7 +707,12 @@ fn read_config(storage: &dyn Storage) -> Result<Config> {
         Err(StorageError::NotFound { .. }) => return Err(Error::NotARepository { location }),
         Err(e) => return Err(e.into()),
     };
-    Config::parse(&bytes).map_err(|e| match e {
+    Config::parse(&bytes).map_err(|e| config_error(storage, e))
+}
+
+fn config_error(storage: &dyn Storage, e: ConfigError) -> Error {
+    let location = storage.location();
+    match e {
         ConfigError::UnsupportedVersion(found) => Error::UnsupportedVersion {
             location,
             found,
@@ -684,36 +723,8 @@ fn read_config(storage: &dyn Storage) -> Result<Config> {
             name: "config".into(),
             reason,
         },
-    })
-}
-
-fn open_key(storage: &dyn Storage, password: &[u8]) -> Result<MasterKey> {
-    let location = storage.location();
-    let names = storage.list("keys")?;
-    if names.is_empty() {
-        return Err(Error::CorruptObject {
-            location,
-            name: "keys/".into(),
-            reason: "there are no key files, so nothing can be decrypted".into(),
-        });
+        ConfigError::NotAuthentic(reason) => Error::ConfigNotAuthentic { location, reason },
     }
-    let mut problems = Vec::new();
-    for name in &names {
-        let bytes = storage.read(name)?;
-        match KeyFile::from_bytes(&bytes).and_then(|k| k.open(password)) {
-            Ok(key) => return Ok(key),
-            Err(KeyFileError::WrongPassword) => {}
-            Err(e) => problems.push(format!("{name}: {e}")),
-        }
-    }
-    if problems.len() == names.len() {
-        return Err(Error::CorruptObject {
-            location,
-            name: "keys/".into(),
-            reason: problems.join("; "),
-        });
-    }
-    Err(Error::WrongPassword { location })
 }
 
 /// A repository in `dir` with a key that derives in a moment, for unit tests.

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use cairn_storage::{Storage, StorageError};
 use serde::{Deserialize, Serialize};
 
-use crate::crypto::MasterKey;
+use crate::crypto::{MasterKey, Purpose};
 use crate::error::{Error, Result};
 use crate::repo::Repository;
 
@@ -72,9 +72,18 @@ pub struct SessionInfo {
 }
 
 impl SessionInfo {
-    /// Storage time after which a silent session is taken for crashed.
+    /// Parses a session file's plaintext (what `object::open` returns).
+    pub fn from_json(json: &[u8]) -> std::result::Result<SessionInfo, serde_json::Error> {
+        serde_json::from_slice(json)
+    }
+
+    /// Storage time after which a silent session is taken for crashed. The interval is
+    /// the file's, so it may be anything: an absurd one saturates (the session then
+    /// never goes stale by silence) rather than overflow, which panicked every prune.
     pub fn stale_after(&self) -> Duration {
-        Duration::from_secs(self.heartbeat_secs.max(1)) * MISSED_BEATS
+        Duration::from_secs(self.heartbeat_secs.max(1))
+            .checked_mul(MISSED_BEATS)
+            .unwrap_or(Duration::MAX)
     }
 
     pub fn describe(&self) -> String {
@@ -187,9 +196,9 @@ fn list_in(storage: &dyn Storage, key: &MasterKey) -> Result<Vec<SessionView>> {
     let mut unreadable = Vec::new();
     for (name, time) in storage.list_modified("sessions")? {
         let info = match storage.read(&name) {
-            Ok(bytes) => crate::object::open(key, &bytes)
+            Ok(bytes) => crate::object::open(key, Purpose::Session, &bytes)
                 .ok()
-                .and_then(|j| serde_json::from_slice::<SessionInfo>(&j).ok()),
+                .and_then(|j| SessionInfo::from_json(&j).ok()),
             Err(StorageError::NotFound { .. }) => continue,
             Err(e) => return Err(e.into()),
         };
@@ -494,7 +503,10 @@ impl Shared {
             let mut state = self.lock();
             state.info.seq += 1;
             let json = serde_json::to_vec(&state.info).expect("a session serializes");
-            (crate::object::seal(&self.key, &json), boot_time())
+            (
+                crate::object::seal(&self.key, Purpose::Session, &json),
+                boot_time(),
+            )
         };
         let name = format!("sessions/{}", blake3::hash(&bytes).to_hex());
         self.storage.write(&name, &bytes)?;
@@ -656,6 +668,18 @@ mod tests {
             judge(None, t0, at(25 * 3600), &here, dead),
             Standing::Ended(_)
         ));
+    }
+
+    #[test]
+    fn an_absurd_heartbeat_interval_in_a_session_file_does_not_panic_the_judge() {
+        // Found while writing the fuzz target `session_file`: `Duration * 4` overflowed and
+        // panicked, so one crafted session file stopped every prune.
+        let here = Host::this();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let s = info("h", "other-boot", 5, u64::MAX);
+        assert_eq!(s.stale_after(), Duration::MAX);
+        let far = t0 + Duration::from_secs(10 * 365 * 24 * 3600);
+        assert_eq!(judge(Some(&s), t0, far, &here, |_, _| true), Standing::Live);
     }
 
     use crate::repo::test_repository as repository;

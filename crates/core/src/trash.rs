@@ -14,6 +14,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::crypto::Purpose;
 use crate::error::{Error, Result};
 use crate::id::{PackId, RawId};
 use crate::repo::Repository;
@@ -41,6 +42,18 @@ pub struct Condemned {
     pub condemned_at: jiff::Timestamp,
 }
 
+impl TrashFile {
+    /// Parses a trash file's plaintext (what `object::open` returns), refusing versions
+    /// this cairn does not know.
+    pub fn from_json(json: &[u8]) -> std::result::Result<TrashFile, String> {
+        let trash: TrashFile = serde_json::from_slice(json).map_err(|e| e.to_string())?;
+        if trash.version != 1 && trash.version != VERSION {
+            return Err(format!("unknown trash version {}", trash.version));
+        }
+        Ok(trash)
+    }
+}
+
 /// The trash as one reader saw it.
 #[derive(Debug, Default)]
 pub struct Trash {
@@ -64,6 +77,19 @@ impl Trash {
     pub fn is_condemned(&self, pack: &PackId) -> bool {
         self.packs.contains_key(pack)
     }
+
+    /// Takes in trash file `name`. A pack named twice counts with its highest
+    /// generation: the one fewer sessions have observed.
+    pub fn add(&mut self, name: String, file: TrashFile) {
+        self.generation = self.generation.max(file.generation);
+        for c in file.packs {
+            let kept = self.packs.entry(c.id).or_insert(c);
+            if c.generation > kept.generation {
+                *kept = c;
+            }
+        }
+        self.files.push(name);
+    }
 }
 
 fn name_of(id: &RawId) -> String {
@@ -81,18 +107,7 @@ pub fn read(repo: &Repository) -> Result<Trash> {
         let mut vanished = false;
         for name in repo.storage().list("trash")? {
             match read_file(repo, &name) {
-                Ok(file) => {
-                    trash.generation = trash.generation.max(file.generation);
-                    // A pack named twice counts with its highest generation: the one
-                    // fewer sessions have observed.
-                    for c in file.packs {
-                        let kept = trash.packs.entry(c.id).or_insert(c);
-                        if c.generation > kept.generation {
-                            *kept = c;
-                        }
-                    }
-                    trash.files.push(name);
-                }
+                Ok(file) => trash.add(name, file),
                 Err(Error::Storage(cairn_storage::StorageError::NotFound { .. }))
                     if attempt < 4 =>
                 {
@@ -111,19 +126,15 @@ pub fn read(repo: &Repository) -> Result<Trash> {
 fn read_file(repo: &Repository, name: &str) -> Result<TrashFile> {
     let bytes = repo.storage().read(name)?;
     repo.check_name(name, &bytes)?;
-    let json = crate::object::open(repo.key(), &bytes).map_err(|r| repo.corrupt(name, r))?;
-    let trash: TrashFile =
-        serde_json::from_slice(&json).map_err(|e| repo.corrupt(name, e.to_string()))?;
-    if trash.version != 1 && trash.version != VERSION {
-        return Err(repo.corrupt(name, format!("unknown trash version {}", trash.version)));
-    }
-    Ok(trash)
+    let json = crate::object::open(repo.key(), Purpose::Trash, &bytes)
+        .map_err(|r| repo.corrupt(name, r))?;
+    TrashFile::from_json(&json).map_err(|r| repo.corrupt(name, r))
 }
 
 /// Writes a trash file; returns its storage name.
 fn write(repo: &Repository, trash: &TrashFile) -> Result<String> {
     let json = serde_json::to_vec(trash).expect("a trash file serializes");
-    let bytes = crate::object::seal(repo.key(), &json);
+    let bytes = crate::object::seal(repo.key(), Purpose::Trash, &json);
     let name = name_of(blake3::hash(&bytes).as_bytes());
     match repo.storage().write(&name, &bytes) {
         // Same content, same name: the file is already there.

@@ -44,6 +44,37 @@ impl Default for RecentBlobs {
     }
 }
 
+/// The window of a pack that holds a blob, and where the blob lies in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    /// The window's first byte in the pack, a multiple of [`WINDOW`].
+    pub start: u64,
+    /// Bytes to read from `start`: up to [`WINDOW`], fewer at the pack's end.
+    pub len: u64,
+    /// The blob's bytes within the window.
+    pub within: std::ops::Range<usize>,
+}
+
+/// The window holding the blob at `offset..offset + length` of a pack whose blobs end at
+/// `pack_end`; `None` when the blob crosses a window boundary or is not inside
+/// `0..pack_end` (the caller then reads it alone). Offsets, lengths and the pack end come
+/// from index files, which a writer with the key may have made anything, so the sums
+/// are done in `u64` where two `u32`s cannot overflow, and an end before the start is
+/// refused rather than wrapped into a huge read.
+pub fn span(offset: u32, length: u32, pack_end: u64) -> Option<Span> {
+    let (offset, end) = (u64::from(offset), u64::from(offset) + u64::from(length));
+    let start = offset / WINDOW * WINDOW;
+    if end > start + WINDOW || end > pack_end {
+        return None;
+    }
+    let window_end = (start + WINDOW).min(pack_end);
+    Some(Span {
+        start,
+        len: window_end - start,
+        within: (offset - start) as usize..(end - start) as usize,
+    })
+}
+
 type Cell = Arc<OnceLock<Option<Arc<Vec<u8>>>>>;
 
 /// The last few byte buffers fetched by key, each fetched once however many threads ask
@@ -126,6 +157,21 @@ mod tests {
         }
         windows.get((pack, 0), fetch);
         assert_eq!(fetches.load(Ordering::Relaxed), KEPT + 2);
+    }
+
+    #[test]
+    fn a_blob_lies_inside_its_window_and_its_pack() {
+        let s = span(10, 20, 100).unwrap();
+        assert_eq!((s.start, s.len, s.within), (0, 100, 10..30));
+        let w = WINDOW as u32;
+        let s = span(w + 5, 5, 3 * WINDOW).unwrap();
+        assert_eq!((s.start, s.len, s.within), (WINDOW, WINDOW, 5..10));
+        assert_eq!(span(w - 1, 2, 3 * WINDOW), None, "crosses a window's end");
+        assert_eq!(span(50, 60, 100), None, "ends past the pack");
+        // An index entry whose offset + length passes u32::MAX: the u32 sum (as
+        // repo.rs computed it) overflows; here it is a blob past the pack's end.
+        assert_eq!(span(u32::MAX - 3, 16, 1 << 20), None);
+        assert_eq!(span(u32::MAX, u32::MAX, u64::MAX), None);
     }
 
     #[test]

@@ -442,7 +442,7 @@ fn seal_loop(
         // A large tree would otherwise be held three times over here.
         drop(data);
         let started = Instant::now();
-        let sealed = key.seal(&tagged);
+        let sealed = key.seal(kind.purpose(id), &tagged);
         times.encrypt.add(started);
         let sealed = Sealed {
             id,

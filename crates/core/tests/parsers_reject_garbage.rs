@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use cairn_core::chunker::ChunkerParams;
 use cairn_core::compress::{self, Compression};
 use cairn_core::config::{ChunkerConfig, Config, FORMAT_VERSION};
-use cairn_core::crypto::{MasterKey, SEAL_OVERHEAD};
+use cairn_core::crypto::{MasterKey, Purpose, SEAL_OVERHEAD};
 use cairn_core::id::{BlobId, PackId, SnapshotId};
 use cairn_core::index::{IndexFile, IndexedPack};
 use cairn_core::keyfile::{KdfParams, KeyFile};
@@ -103,8 +103,9 @@ const FAST_KDF: KdfParams = KdfParams {
 
 /// Costs small enough to run on every mutated key file; see the Argon2 tests below for
 /// what happens with larger ones.
-fn cheap(p: KdfParams) -> bool {
-    p.memory_kib <= 256 && p.iterations <= 2 && p.parallelism <= 4
+/// No parameters (a `blake3` key file, or a malformed one) cost nothing.
+fn cheap(p: Option<KdfParams>) -> bool {
+    p.is_none_or(|p| p.memory_kib <= 256 && p.iterations <= 2 && p.parallelism <= 4)
 }
 
 fn valid_config() -> Vec<u8> {
@@ -115,6 +116,7 @@ fn valid_config() -> Vec<u8> {
         hash: "blake3-keyed".into(),
         compression: Compression::default(),
         pack_size: 16 << 20,
+        mac: None,
     };
     serde_json::to_vec(&config).unwrap()
 }
@@ -204,8 +206,12 @@ fn valid_pack() -> (Vec<u8>, Vec<PackEntry>, usize) {
         (BlobKind::Tree, &valid_tree().to_bytes()),
         (BlobKind::Data, &[0u8; 300]),
     ] {
-        let sealed = key.seal(&compress::compress(Compression::default(), plain));
-        writer.add(key.blob_id(plain), kind, sealed, plain.len() as u32);
+        let id = key.blob_id(plain);
+        let sealed = key.seal(
+            kind.purpose(id),
+            &compress::compress(Compression::default(), plain),
+        );
+        writer.add(id, kind, sealed, plain.len() as u32);
     }
     let body_len = writer.len();
     let (_, bytes, entries) = writer.finish(key);
@@ -272,7 +278,7 @@ fn varint(mut n: u64) -> Vec<u8> {
 
 /// A pack whose sealed header holds `plain` after `body_len` zero bytes.
 fn pack_with_header(body_len: usize, plain: &[u8]) -> Vec<u8> {
-    let sealed = key().seal(plain);
+    let sealed = key().seal(Purpose::PackHeader, plain);
     let mut pack = vec![0u8; body_len];
     pack.extend_from_slice(&sealed);
     pack.extend_from_slice(&(sealed.len() as u32).to_le_bytes());
@@ -310,7 +316,7 @@ proptest! {
         let key = key();
         prop_assert!(read_header(key, &bytes).is_err());
         prop_assert!(IndexFile::open(key, &bytes).is_err());
-        prop_assert!(object::open(key, &bytes).is_err());
+        prop_assert!(object::open(key, Purpose::Index, &bytes).is_err());
     }
 
     #[test]
@@ -327,7 +333,7 @@ proptest! {
                 prop_assert!(e.offset as usize + e.length as usize <= body_len);
             }
         }
-        let _ = IndexFile::open(key, &object::seal(key, &plain));
+        let _ = IndexFile::open(key, &object::seal(key, Purpose::Index, &plain));
         let _ = Tree::from_bytes(&bytes);
     }
 
@@ -341,8 +347,8 @@ proptest! {
         // raw_len tests below, which are ignored until it is fixed.
         let mut tagged = vec![tag];
         tagged.extend_from_slice(&body);
-        let stored = key().seal(&inner(raw_len, &tagged));
-        if let Ok(plain) = object::open(key(), &stored) {
+        let stored = key().seal(Purpose::Index, &inner(raw_len, &tagged));
+        if let Ok(plain) = object::open(key(), Purpose::Index, &stored) {
             prop_assert_eq!(plain.len(), raw_len as usize);
         }
     }
@@ -459,12 +465,12 @@ fn damaged_index_files_are_refused() {
 #[test]
 fn damaged_index_plaintexts_are_refused_or_parsed() {
     let key = key();
-    let plain = object::open(key, &valid_index_file().seal(key)).unwrap();
+    let plain = object::open(key, Purpose::Index, &valid_index_file().seal(key)).unwrap();
     for cut in truncations(&plain) {
-        assert!(IndexFile::open(key, &object::seal(key, &cut)).is_err());
+        assert!(IndexFile::open(key, &object::seal(key, Purpose::Index, &cut)).is_err());
     }
     for (_, changed) in byte_changes(&plain) {
-        let stored = object::seal(key, &changed);
+        let stored = object::seal(key, Purpose::Index, &changed);
         let _ = with_bounded_allocations("index", || IndexFile::open(key, &stored));
     }
 }
@@ -483,10 +489,13 @@ fn damaged_object_plaintexts_are_refused_or_opened() {
         (Compression::None, &noise),
     ] {
         let valid = inner(plain.len() as u32, &compress::compress(codec, plain));
-        assert_eq!(object::open(key, &key.seal(&valid)).unwrap(), *plain);
+        assert_eq!(
+            object::open(key, Purpose::Index, &key.seal(Purpose::Index, &valid)).unwrap(),
+            *plain
+        );
         for cut in truncations(&valid) {
             assert!(
-                object::open(key, &key.seal(&cut)).is_err(),
+                object::open(key, Purpose::Index, &key.seal(Purpose::Index, &cut)).is_err(),
                 "{codec} cut at {}",
                 cut.len()
             );
@@ -496,14 +505,15 @@ fn damaged_object_plaintexts_are_refused_or_opened() {
                 // A changed raw_len may claim gigabytes: see the raw_len tests.
                 continue;
             }
-            if let Ok(out) = object::open(key, &key.seal(&changed)) {
+            if let Ok(out) = object::open(key, Purpose::Index, &key.seal(Purpose::Index, &changed))
+            {
                 assert_eq!(out.len(), plain.len(), "{codec} change at {at}");
             }
         }
-        let stored = object::seal(key, plain);
+        let stored = object::seal(key, Purpose::Index, plain);
         for (at, changed) in byte_changes(&stored) {
             assert!(
-                object::open(key, &changed).is_err(),
+                object::open(key, Purpose::Index, &changed).is_err(),
                 "{codec} change at {at}"
             );
         }
@@ -595,7 +605,7 @@ fn sealed_index_files_with_hostile_lengths_are_refused() {
         ),
         ("an overlong varint", [varint(1), vec![0xff; 11]].concat()),
     ] {
-        let stored = object::seal(key, &plain);
+        let stored = object::seal(key, Purpose::Index, &plain);
         let opened = with_bounded_allocations(what, || IndexFile::open(key, &stored));
         assert!(opened.is_err(), "{what}");
     }
@@ -712,21 +722,23 @@ fn a_raw_len_that_does_not_match_is_refused() {
     // Up to 1 MiB: a gigabyte claim is the subject of the next test.
     for raw_len in [0, text.len() as u32 - 1, text.len() as u32 + 1, 1 << 20] {
         for tagged in [&zstd[..], &lz4, &[0, 1, 2, 3], &[0, 7], &[3, 0, 0], &[0xff]] {
-            let stored = key.seal(&inner(raw_len, tagged));
+            let stored = key.seal(Purpose::Index, &inner(raw_len, tagged));
             assert!(
-                object::open(key, &stored).is_err(),
+                object::open(key, Purpose::Index, &stored).is_err(),
                 "raw_len {raw_len}, tag {}",
                 tagged[0]
             );
         }
     }
     for tagged in [&[0, 1, 2, 3][..], &[3, 0, 0], &[0xff]] {
-        let stored = key.seal(&inner(u32::MAX, tagged));
-        let opened = with_bounded_allocations("raw or unknown", || object::open(key, &stored));
+        let stored = key.seal(Purpose::Index, &inner(u32::MAX, tagged));
+        let opened = with_bounded_allocations("raw or unknown", || {
+            object::open(key, Purpose::Index, &stored)
+        });
         assert!(opened.is_err(), "tag {}", tagged[0]);
     }
     for short in [&[][..], &[1], &[1, 0, 0], &[0, 0, 0, 0]] {
-        assert!(object::open(key, &key.seal(short)).is_err());
+        assert!(object::open(key, Purpose::Index, &key.seal(Purpose::Index, short)).is_err());
     }
 }
 
@@ -741,9 +753,12 @@ fn a_huge_raw_len_allocates_nothing_before_decompressing() {
     let text = b"hello hello hello hello hello hello".repeat(10);
     let mut failures = Vec::new();
     for codec in [Compression::default(), Compression::Lz4] {
-        let stored = key.seal(&inner(u32::MAX, &compress::compress(codec, &text)));
+        let stored = key.seal(
+            Purpose::Index,
+            &inner(u32::MAX, &compress::compress(codec, &text)),
+        );
         LARGEST.with(|largest| largest.set(0));
-        let opened = object::open(key, &stored);
+        let opened = object::open(key, Purpose::Index, &stored);
         let largest = LARGEST.with(|largest| largest.get());
         if opened.is_ok() || largest > ALLOCATION_LIMIT {
             failures.push(format!("{codec}: {largest} bytes at once, {opened:?}"));
@@ -850,7 +865,10 @@ fn write_fuzz_seeds() {
     let (pack, _, _) = valid_pack();
     let header_len = u32::from_le_bytes(pack[pack.len() - 4..].try_into().unwrap()) as usize;
     let header_plain = key
-        .open(&pack[pack.len() - 4 - header_len..pack.len() - 4])
+        .open(
+            Purpose::PackHeader,
+            &pack[pack.len() - 4 - header_len..pack.len() - 4],
+        )
         .unwrap();
     let body_len = (pack.len() - 4 - header_len) as u16;
     let mut pack_seed = body_len.to_le_bytes().to_vec();
@@ -865,7 +883,7 @@ fn write_fuzz_seeds() {
         (
             "index_file",
             "valid",
-            object::open(key, &valid_index_file().seal(key)).unwrap(),
+            object::open(key, Purpose::Index, &valid_index_file().seal(key)).unwrap(),
         ),
         ("tree", "valid", valid_tree().to_bytes()),
         ("snapshot", "valid", valid_snapshot()),

@@ -45,6 +45,11 @@ pub enum StorageError {
     )]
     InvalidName { name: String, location: String },
 
+    /// The repository address is malformed, or names something cairn will not use as it
+    /// is (plain HTTP to S3 without the opt-in); `reason` says which and what to do.
+    #[error("{reason}")]
+    InvalidAddress { address: String, reason: String },
+
     /// A remote store (S3, SFTP) refused or failed a request after its retries; `hint`
     /// says what to check.
     #[error("Cannot {op} {name} in {location}: {hint}")]

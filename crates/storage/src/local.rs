@@ -5,6 +5,10 @@
 //! without a separate check that could race. The directory is fsynced afterwards so the
 //! new name survives a crash. Temporary files start with `.tmp-`, a prefix object names
 //! may not use, so a crash can leave one behind but [`Storage::list`] never shows it.
+//!
+//! Files are created 0600 and directories 0700 (less if the umask says so): a repository
+//! holds key files, which anyone who can read them can attack offline, password guess
+//! after password guess. Files and directories that already exist keep their modes.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -159,7 +163,7 @@ impl LocalStorage {
             }
         }
         for dir in missing.into_iter().rev() {
-            match fs::create_dir(dir) {
+            match create_private_dir(dir) {
                 Ok(()) => {}
                 // Another writer got there first.
                 Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
@@ -176,9 +180,11 @@ impl LocalStorage {
             "{TEMP_PREFIX}{}",
             hex::encode(rand::random::<[u8; 8]>())
         ));
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
+        let mut options = OpenOptions::new();
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, FILE_MODE);
+        let mut file = options
             .open(&path)
             .map_err(|err| self.write_error("create temporary file for", name, err))?;
         // From here on the guard removes the file on every error path.
@@ -430,6 +436,20 @@ fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result
         }
     }
     Ok(())
+}
+
+/// The mode of new object files: readable and writable by their owner only.
+#[cfg(unix)]
+const FILE_MODE: u32 = 0o600;
+/// The mode of new directories: their owner's only.
+#[cfg(unix)]
+const DIR_MODE: u32 = 0o700;
+
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    let mut builder = fs::DirBuilder::new();
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, DIR_MODE);
+    builder.create(dir)
 }
 
 fn parent_dir(path: &Path) -> &Path {

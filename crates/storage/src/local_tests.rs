@@ -64,6 +64,44 @@ fn write_creates_the_root_and_parent_directories() {
     );
 }
 
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn new_files_are_private_to_their_owner_and_so_are_new_directories() {
+    let (_dir, storage) = store();
+    storage.write("keys/ab12", b"key").unwrap();
+    storage.write("data/ab/ab12", b"chunk").unwrap();
+    let root = storage.root();
+    assert_eq!(mode(&root.join("keys/ab12")), 0o600);
+    assert_eq!(mode(&root.join("data/ab/ab12")), 0o600);
+    for dir in ["", "keys", "data", "data/ab"] {
+        assert_eq!(mode(&root.join(dir)), 0o700, "directory {dir:?}");
+    }
+}
+
+#[test]
+fn existing_directories_and_files_keep_their_modes() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, storage) = store();
+    let root = storage.root();
+    fs::create_dir_all(root.join("data/ab")).unwrap();
+    fs::write(root.join("config"), b"{}").unwrap();
+    for path in [root.to_path_buf(), root.join("data"), root.join("data/ab")] {
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    fs::set_permissions(root.join("config"), fs::Permissions::from_mode(0o644)).unwrap();
+    storage.write("data/ab/ab12", b"chunk").unwrap();
+    storage.write("data/cd/cd12", b"chunk").unwrap();
+    assert_eq!(mode(&root.join("data/ab")), 0o755);
+    assert_eq!(mode(&root.join("config")), 0o644);
+    assert_eq!(mode(&root.join("data/ab/ab12")), 0o600);
+    assert_eq!(mode(&root.join("data/cd")), 0o700);
+    assert_eq!(mode(&root.join("data/cd/cd12")), 0o600);
+}
+
 #[test]
 fn leftover_temporary_file_from_a_crash_is_not_listed() {
     let (_dir, storage) = store();

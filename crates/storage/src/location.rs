@@ -4,7 +4,8 @@
 //! - `s3:https://host[:port]/bucket[/prefix]`, `s3:http://...` (path-style addressing, as
 //!   S3-compatible servers such as Garage and MinIO expect); credentials from
 //!   `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` or `AWS_PROFILE`, region from
-//!   `AWS_DEFAULT_REGION` or `AWS_REGION`
+//!   `AWS_DEFAULT_REGION` or `AWS_REGION`. Plain `http://` only to a loopback address or
+//!   with `CAIRN_S3_ALLOW_HTTP=1` (see [`http_refusal`])
 //! - `sftp://[user@]host[:port]/path` (relative to the login directory; `//path` is
 //!   absolute) or `sftp:[user@]host:path`, reached with the user's `ssh` setup
 
@@ -111,12 +112,70 @@ fn parse_sftp_short(rest: &str) -> Option<Location> {
     }))
 }
 
+/// The environment variable that allows `s3:http://` to a server that is not on this
+/// machine. Named after object_store's `AWS_ALLOW_HTTP`, with cairn's prefix as restic's
+/// variables have theirs; an environment variable rather than a flag so that it reaches
+/// every way an address comes in (`-r`, `CAIRN_REPOSITORY`, named repositories, `copy`).
+pub const ALLOW_HTTP_VAR: &str = "CAIRN_S3_ALLOW_HTTP";
+
+/// Why cairn will not talk plain HTTP to this S3 endpoint, or `None` if it may: the
+/// endpoint is `https`, or a loopback address, or the user opted in with
+/// `CAIRN_S3_ALLOW_HTTP=1`.
+///
+/// Over plain HTTP anyone on the network path sees every request (the access key id,
+/// object names and sizes, the timing of backups) and can replay, drop or delay them;
+/// the contents stay encrypted, but the signed requests and the repository's shape do
+/// not. Loopback (`127.0.0.0/8`, `::1`, `localhost`) is allowed without the opt-in:
+/// those packets never leave the machine, and only root can watch them, who can read the
+/// credentials from the environment anyway; local S3 gateways and test servers listen
+/// there. A host *name* other than `localhost` is not trusted to be loopback, since DNS
+/// decides where it goes.
+pub fn http_refusal(config: &S3Config, opted_in: bool) -> Option<String> {
+    let host = config.endpoint.strip_prefix("http://")?;
+    if opted_in || is_loopback(host) {
+        return None;
+    }
+    Some(format!(
+        "Refusing plain HTTP to the S3 server {host}: requests would cross the network          unencrypted (access key id, object names and sizes, open to replay). Use          s3:https://{host}/..., or set {ALLOW_HTTP_VAR}=1 to allow plain HTTP to it          (a loopback address needs no opt-in)"
+    ))
+}
+
+/// Whether `host[:port]` (an IP literal, `[v6]:port`, or a name) is this machine by
+/// address: `localhost`, `127.0.0.0/8` or `::1`.
+fn is_loopback(hostport: &str) -> bool {
+    let host = if let Some(v6) = hostport.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        hostport.rsplit_once(':').map_or(hostport, |(h, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                h
+            } else {
+                hostport
+            }
+        })
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn http_allowed_by_env() -> bool {
+    std::env::var(ALLOW_HTTP_VAR).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
+}
+
 /// Opens the store at `address`.
 pub fn open(address: &str) -> Result<Arc<dyn Storage>> {
-    let location = Location::parse(address).map_err(|hint| StorageError::InvalidName {
-        name: hint,
-        location: address.to_string(),
-    })?;
+    let invalid = |reason: String| StorageError::InvalidAddress {
+        address: address.to_string(),
+        reason,
+    };
+    let location = Location::parse(address).map_err(invalid)?;
+    if let Location::S3(config) = &location {
+        if let Some(reason) = http_refusal(config, http_allowed_by_env()) {
+            return Err(invalid(reason));
+        }
+    }
     Ok(match location {
         Location::Local(path) => Arc::new(LocalStorage::new(path)),
         Location::S3(config) => Arc::new(RemoteStorage::s3(&config, address.to_string())?),
@@ -146,6 +205,38 @@ mod tests {
         );
         assert!(Location::parse("s3:http://host").is_err());
         assert!(Location::parse("s3:ftp://host/b").is_err());
+    }
+
+    #[test]
+    fn plain_http_to_s3_needs_the_opt_in_unless_on_loopback() {
+        let s3 = |a: &str| match Location::parse(a) {
+            Ok(Location::S3(c)) => c,
+            other => panic!("{a}: {other:?}"),
+        };
+        for remote in [
+            "s3:http://nas:9000/b",
+            "s3:http://192.0.2.7/b",
+            "s3:http://[2001:db8::1]:9000/b",
+            "s3:http://localhost.example.com/b",
+            "s3:http://127.0.0.1.nip.io/b",
+        ] {
+            let why = http_refusal(&s3(remote), false).unwrap_or_else(|| panic!("{remote}"));
+            assert!(why.contains("CAIRN_S3_ALLOW_HTTP=1"), "{why}");
+            assert!(why.contains("s3:https://"), "{why}");
+            assert_eq!(http_refusal(&s3(remote), true), None, "{remote} opted in");
+        }
+        for local in [
+            "s3:http://127.0.0.1:3900/b",
+            "s3:http://127.8.9.1/b",
+            "s3:http://[::1]:3900/b",
+            "s3:http://localhost:3900/b",
+            "s3:http://LOCALHOST/b",
+        ] {
+            assert_eq!(http_refusal(&s3(local), false), None, "{local}");
+        }
+        for secure in ["s3:https://nas:9000/b", "s3:s3.amazonaws.com/b"] {
+            assert_eq!(http_refusal(&s3(secure), false), None, "{secure}");
+        }
     }
 
     #[test]

@@ -125,6 +125,9 @@ impl RemoteStorage {
     }
 
     pub fn sftp(config: &SftpConfig, location: String) -> Result<Self> {
+        // Before any `ssh` starts: the masters it starts stay our children, so that Drop
+        // can tell them from other programs' (see `ssh_orphans`).
+        crate::ssh_orphans::adopt_orphaned_descendants();
         let endpoint = match config.port {
             Some(port) => format!("ssh://{}:{port}", config.host),
             None => config.host.clone(),

@@ -52,7 +52,10 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
     };
     monitor.finish();
     for problem in repo.index_problems() {
-        eprintln!("warning: {}", cairn_core::error::chain(problem));
+        eprintln!(
+            "warning: {}",
+            crate::output::message(&cairn_core::error::chain(problem))
+        );
     }
     print(g, &report)?;
     Ok(if report.stats.errors.is_empty() {

@@ -40,10 +40,10 @@ pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
             )
             .map_err(io)?;
         }
-        out.write_all(path).map_err(io)?;
+        // Escaped: names are the snapshot's, and may hold terminal escape sequences.
+        write!(out, "{}", output::name(path)).map_err(io)?;
         if let (true, NodeKind::Symlink { target }) = (a.long, &node.kind) {
-            out.write_all(b" -> ").map_err(io)?;
-            out.write_all(target).map_err(io)?;
+            write!(out, " -> {}", output::name(target)).map_err(io)?;
         }
         out.write_all(b"\n").map_err(io)
     };

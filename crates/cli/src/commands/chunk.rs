@@ -36,7 +36,7 @@ pub fn run(g: &GlobalArgs, a: ChunkArgs) -> Result<u8> {
         if a.files.len() > 1 && !g.json {
             writeln!(out, "# {}", path.display())?;
         }
-        let mut chunker = Chunker::new(file, params, 0);
+        let mut chunker = Chunker::new(file, params, 0_u64);
         while let Some(c) = chunker
             .next_chunk()
             .with_context(|| format!("Cannot read {}", path.display()))?
@@ -115,7 +115,8 @@ fn compare_sizes(g: &GlobalArgs, paths: &[PathBuf], sizes: &[ChunkerParams]) -> 
                 inner: File::open(path).with_context(cannot)?,
                 spent: &read_time,
             };
-            let mut chunker = Chunker::with_buffer(file, params, 0, std::mem::take(&mut buffer));
+            let mut chunker =
+                Chunker::with_buffer(file, params, 0_u64, std::mem::take(&mut buffer));
             loop {
                 let started = Instant::now();
                 let next = chunker.next_chunk().with_context(cannot)?;

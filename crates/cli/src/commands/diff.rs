@@ -144,9 +144,12 @@ fn print_change(out: &mut dyn Write, c: &Change) -> Result<()> {
             c.new_type.unwrap_or("")
         ),
     };
-    write!(out, "{}  ", c.kind.letter())?;
-    out.write_all(&c.path)?;
-    writeln!(out, "  ({detail})")?;
+    writeln!(
+        out,
+        "{}  {}  ({detail})",
+        c.kind.letter(),
+        output::name(&c.path)
+    )?;
     match &c.content {
         Some(ContentDiff::Unified(text)) => out.write_all(text.as_bytes())?,
         Some(ContentDiff::Binary) => writeln!(out, "   binary file; no content diff")?,

@@ -148,7 +148,11 @@ fn io_error(path: &[u8], source: io::Error) -> cairn_core::Error {
 }
 
 fn warn_left_out(path: &[u8], why: &str) {
-    eprintln!("warning: left out {}: {why}", String::from_utf8_lossy(path));
+    eprintln!(
+        "warning: left out {}: {}",
+        crate::output::name(path),
+        crate::output::message(why)
+    );
 }
 
 // ---------------------------------------------------------------------------------------

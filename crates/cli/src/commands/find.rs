@@ -31,7 +31,7 @@ pub fn run(g: &GlobalArgs, a: FindArgs) -> Result<u8> {
         eprintln!(
             "warning: snapshot {} not searched: {}",
             id.short(),
-            cairn_core::error::chain(e)
+            output::message(&cairn_core::error::chain(e))
         );
     }
     if g.json {
@@ -59,7 +59,7 @@ pub fn run(g: &GlobalArgs, a: FindArgs) -> Result<u8> {
                 "{}  {}  {}  {}  {}",
                 m.snapshot.short(),
                 output::local_time(m.snapshot_time),
-                m.path,
+                output::name(m.path.as_bytes()),
                 m.size,
                 m.mtime
                     .map(output::local_time)

@@ -12,6 +12,7 @@ mod dump;
 mod find;
 mod forget;
 mod init;
+mod key;
 mod repair;
 mod restore;
 mod snapshots;
@@ -43,5 +44,6 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Repair(r) => repair::run(g, r),
         Command::Config(c) => config::run(g, c),
         Command::Copy(a) => copy::run(g, a),
+        Command::Key(k) => key::run(g, k),
     }
 }

@@ -9,7 +9,10 @@ pub fn run(g: &GlobalArgs) -> Result<u8> {
     let repo = context::open(g)?;
     let list = repo.snapshots()?;
     for (_, e) in &list.damaged {
-        eprintln!("warning: {}", cairn_core::error::chain(e));
+        eprintln!(
+            "warning: {}",
+            crate::output::message(&cairn_core::error::chain(e))
+        );
     }
     if g.json {
         let items: Vec<_> = list

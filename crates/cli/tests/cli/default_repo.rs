@@ -71,7 +71,7 @@ fn first_backup_creates_the_default_repository_and_a_private_key_file() {
         &fs::read(repo.join("config")).unwrap(),
         "default repository config",
     );
-    assert_eq!(config["version"], 1);
+    assert_eq!(config["version"], cairn_core::config::FORMAT_VERSION);
     assert_eq!(
         count_files(&repo.join("snapshots")),
         1,

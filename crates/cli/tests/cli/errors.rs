@@ -174,3 +174,27 @@ fn backup_without_any_source_path_is_an_error() {
         "no snapshot written"
     );
 }
+
+/// Plain HTTP to an S3 server off this machine is refused before any request, with a
+/// message that says how to opt in; the address is from TEST-NET-1 (RFC 5737), and is
+/// never contacted.
+#[test]
+fn s3_over_plain_http_needs_an_opt_in() {
+    let env = TestEnv::new();
+    for command in [&["init"][..], &["snapshots"]] {
+        let out = env
+            .bare_cmd()
+            .env_remove("CAIRN_S3_ALLOW_HTTP")
+            .args(["-r", "s3:http://192.0.2.1:9000/bucket/repo"])
+            .args(command)
+            .timeout(std::time::Duration::from_secs(20))
+            .output()
+            .unwrap();
+        assert_exit(&out, 1, &format!("cairn {command:?} on s3:http://"));
+        let err = stderr(&out);
+        assert!(
+            err.contains("plain HTTP") && err.contains("CAIRN_S3_ALLOW_HTTP=1"),
+            "{err}"
+        );
+    }
+}

@@ -245,3 +245,55 @@ fn every_fixture_restores_exactly() {
     eprintln!("restored {checked} fixture snapshots exactly");
     assert!(checked > 0, "no fixture was checked");
 }
+
+/// `copy` moves a repository of every older format into a new (current format) one,
+/// whose snapshots restore exactly as the fixture's.
+#[test]
+fn copy_moves_every_fixture_to_the_current_format() {
+    let version = cairn_core::config::FORMAT_VERSION;
+    for entry in fs::read_dir(fixtures_dir()).unwrap() {
+        let dir = entry.unwrap().path();
+        let manifest: Value =
+            serde_json::from_slice(&fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        if manifest["format_version"] == version {
+            continue;
+        }
+        let env = TestEnv::with_repo();
+        let old = env.path("old");
+        copy_tree(&dir.join("repo"), &old);
+        let pw = env.path("old-password");
+        fs::write(&pw, manifest["password"].as_str().unwrap()).unwrap();
+        let out = env
+            .cmd()
+            .args(["copy", "--from-repo"])
+            .arg(&old)
+            .arg("--from-password-file")
+            .arg(&pw)
+            .output()
+            .unwrap();
+        assert_success(&out, &format!("copy from {}", dir.display()));
+        let config: Value =
+            serde_json::from_slice(&fs::read(env.repo.join("config")).unwrap()).unwrap();
+        assert_eq!(config["version"], version);
+        let copies = env.snapshots();
+        let snapshots = manifest["snapshots"].as_array().unwrap();
+        assert_eq!(copies.len(), snapshots.len());
+        for (copy, snap) in copies.iter().zip(snapshots) {
+            let target = env.path(&format!("restore-{}", snap["id"].as_str().unwrap()));
+            let spec = format!(
+                "{}:{}",
+                copy["id"].as_str().unwrap(),
+                snap["path"].as_str().unwrap()
+            );
+            env.restore(&spec, &target, &[]);
+            assert_eq!(
+                describe_tree(&target),
+                snap["entries"].as_array().unwrap().clone(),
+                "{}: copy of {} restores differently",
+                dir.display(),
+                snap["id"]
+            );
+        }
+        assert_check_clean(&env, &["--read-data"], "the copy");
+    }
+}

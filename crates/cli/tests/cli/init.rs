@@ -21,13 +21,17 @@ fn version_prints_cairn_and_a_version_number() {
 }
 
 #[test]
-fn init_writes_a_plaintext_config_with_version_1_and_one_key() {
+fn init_writes_a_plaintext_config_of_the_current_version_and_one_key() {
     let env = TestEnv::with_repo();
     let config = parse_json(
         &fs::read(env.repo.join("config")).unwrap(),
         "repository config",
     );
-    assert_eq!(config["version"].as_u64(), Some(1), "config: {config}");
+    assert_eq!(
+        config["version"].as_u64(),
+        Some(cairn_core::config::FORMAT_VERSION as u64),
+        "config: {config}"
+    );
     let keys = env.repo_files("keys");
     assert_eq!(keys.len(), 1, "exactly one key file: {keys:?}");
     let name = keys[0].file_name().unwrap().to_str().unwrap();

@@ -1,6 +1,7 @@
 //! Black-box tests of the `cairn` binary: each test runs the real command in a tempdir,
 //! as a user would, and checks what it did to the files, not just its exit code.
 
+mod authenticated;
 mod backup;
 mod chunk;
 mod common;
@@ -11,12 +12,14 @@ mod default_repo;
 mod diff;
 mod dump;
 mod errors;
+mod escapes;
 mod find;
 mod fixtures;
 mod helpers;
 mod ignore_files;
 mod init;
 mod inspect;
+mod keys;
 mod maintenance;
 mod mount;
 mod no_loss;
@@ -38,3 +41,4 @@ mod trust_concurrency;
 mod trust_crash;
 mod trust_damage;
 mod trust_full_disk;
+mod unsafe_trees;

@@ -250,3 +250,18 @@ fn mount_returns_eio_when_the_repository_data_is_gone() {
     assert!(started.elapsed() < Duration::from_secs(30), "no hang");
     fs::rename(env.repo.join("data.gone"), env.repo.join("data")).unwrap();
 }
+
+#[test]
+fn mount_refuses_a_tree_with_a_climbing_name_and_names_the_tree() {
+    let env = TestEnv::with_repo();
+    let bad = crate::unsafe_trees::plant_tree_with_name(&env.repo, b"../x").to_string();
+    let mnt = env.path("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let m = Mounted::start(&env, &mnt);
+    let err = fs::read_dir(mnt.join("latest/d"))
+        .and_then(|d| d.collect::<Result<Vec<_>, _>>())
+        .expect_err("the directory of the unsafe tree cannot be listed");
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "EIO, got {err}");
+    let log = m.log_text();
+    assert!(log.contains(&bad) && log.contains("unsafe name"), "{log}");
+}

@@ -299,3 +299,40 @@ fn wrong_s3_credentials_are_a_clear_error() {
         "{err}"
     );
 }
+
+/// cairn ends the `ssh` masters it leaked itself (see `cairn_storage::ssh_orphans`), but
+/// never another program's: a same-user process whose command line is that of an
+/// `openssh`-crate master with a deleted control directory outlives SFTP commands.
+#[test]
+fn an_sftp_command_leaves_other_programs_ssh_masters_alone() {
+    use std::os::unix::process::CommandExt;
+    let Some(address) = address("CAIRN_TEST_SFTP") else {
+        return;
+    };
+    let gone = std::env::temp_dir().join(".ssh-connectionNOTCAIRNS/master");
+    let mut lookalike = std::process::Command::new("bash")
+        .arg0("ssh")
+        .args(["-c", "sleep 300; :", "-E", "/dev/null", "-M", "-S"])
+        .arg(&gone)
+        .args(["-f", "-N", "-o", "ControlPersist=yes", "host"])
+        .spawn()
+        .unwrap();
+    // Until it has exec'd, its command line is still this test's.
+    let cmdline = format!("/proc/{}/cmdline", lookalike.id());
+    while !fs_read(&cmdline).starts_with(b"ssh\0") {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let env = TestEnv::new();
+    for args in [&["init"][..], &["snapshots"]] {
+        let out = remote_cmd(&env, &address).args(args).output().unwrap();
+        assert_success(&out, &format!("cairn {args:?} over SFTP"));
+    }
+    let alive = lookalike.try_wait().unwrap().is_none();
+    let _ = lookalike.kill();
+    let _ = lookalike.wait();
+    assert!(alive, "cairn ended a process it did not start");
+}
+
+fn fs_read(path: &str) -> Vec<u8> {
+    std::fs::read(path).unwrap_or_default()
+}

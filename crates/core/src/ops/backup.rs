@@ -464,7 +464,7 @@ where
         writer: &writer,
         key: repo.key(),
         params: repo.chunker_params()?,
-        seed: repo.key().chunker_seed(),
+        gear: repo.key().chunker_gear(),
         monitor,
         timings: &timings,
         abort: &abort,

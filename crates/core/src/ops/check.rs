@@ -444,7 +444,7 @@ fn check_pack(repo: &Repository, pack: &PackId, blobs: &[PackEntry], read: bool)
         Err(e) => notes.push(format!("header unreadable: {e}")),
     }
     for b in blobs {
-        let ok = pack::verify_blob(repo.key(), &bytes, &b.id, b.offset, b.length, b.raw_length);
+        let ok = pack::verify_blob(repo.key(), &bytes, b);
         if ok {
             r.blobs_verified += 1;
         } else {

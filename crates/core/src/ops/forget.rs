@@ -289,6 +289,7 @@ pub fn remove(repo: &Repository, ids: &[SnapshotId]) -> Result<()> {
             Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
             Err(e) => return Err(e.into()),
         }
+        repo.access().removed_snapshots(&[*id]);
     }
     Ok(())
 }

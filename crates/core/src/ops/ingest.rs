@@ -74,7 +74,7 @@ pub struct Context<'a> {
     pub writer: &'a BlobWriter<'a>,
     pub key: &'a MasterKey,
     pub params: ChunkerParams,
-    pub seed: u64,
+    pub gear: cairn_chunker::Gear,
     pub monitor: &'a dyn Monitor,
     pub timings: &'a Timings,
     /// Set when the backup fails: workers drop what is queued.
@@ -273,7 +273,8 @@ pub fn chunk_stream(ctx: &Context, reader: &mut dyn Read, buffer: &mut Vec<u8>) 
         inner: reader,
         spent: &read_time,
     };
-    let mut chunker = Chunker::with_buffer(timed, ctx.params, ctx.seed, std::mem::take(buffer));
+    let mut chunker =
+        Chunker::with_buffer(timed, ctx.params, ctx.gear.clone(), std::mem::take(buffer));
     let mut file = FileContent::default();
     let outcome = loop {
         if ctx.monitor.cancelled() || ctx.abort.load(Ordering::Relaxed) {

@@ -212,9 +212,7 @@ fn inspect_pack(
     let before = entries.len();
     let good: Vec<PackEntry> = entries
         .into_iter()
-        .filter(|e| {
-            crate::pack::verify_blob(repo.key(), &bytes, &e.id, e.offset, e.length, e.raw_length)
-        })
+        .filter(|e| crate::pack::verify_blob(repo.key(), &bytes, e))
         .collect();
     Ok(PackFindings {
         damaged_blobs: (before - good.len()) as u64,

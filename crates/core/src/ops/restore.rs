@@ -1090,7 +1090,7 @@ fn file_matches(
         return Ok(true);
     }
     let (params, seed) = match repo.chunker_params() {
-        Ok(p) => (p, repo.key().chunker_seed()),
+        Ok(p) => (p, repo.key().chunker_gear()),
         Err(e) => return Err(io::Error::other(crate::error::chain(&e))),
     };
     // Non-blocking: should the file have become a FIFO since the lstat, the open must

@@ -120,7 +120,7 @@ fn repository_stats(repo: &Repository) -> Result<StatsReport> {
     report.pack_bytes = Some(
         packs
             .packs()
-            .map(|p| pack::file_size(&packs.blobs(p)))
+            .map(|p| pack::file_size(repo.key(), &packs.blobs(p)))
             .sum(),
     );
     Ok(report)
