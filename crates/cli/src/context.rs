@@ -407,7 +407,11 @@ pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
 pub fn open_or_create_default(global: &GlobalArgs) -> Result<Repository> {
     let loc = locate(global)?;
     if loc.default_key.is_some() && !loc.path.join("config").exists() {
-        return init(global, &InitOptions::default());
+        let opts = InitOptions {
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            ..InitOptions::default()
+        };
+        return init(global, &opts);
     }
     open_without_index(global)
 }

@@ -236,6 +236,10 @@ fn the_default_repository_key_needs_no_stretching_and_a_password_can_be_added() 
         text.contains("blake3") && text.contains("argon2id"),
         "{text}"
     );
+    // The key the first backup made names the host it was made on.
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    let made = text.lines().find(|l| l.contains("blake3")).unwrap();
+    assert!(made.contains(&host), "{text}");
     assert_eq!(
         text.lines().filter(|l| l.starts_with('*')).count(),
         1,
