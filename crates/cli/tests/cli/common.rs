@@ -702,6 +702,19 @@ fn compare_link_groups(expected: &InodeMap, actual: &InodeMap) -> Result<(), Str
     Ok(())
 }
 
+/// `cairn` on the default repository: neither a repository nor a password configured.
+pub fn unconfigured(env: &TestEnv) -> assert_cmd::Command {
+    let mut cmd = env.bare_cmd();
+    cmd.env_remove("CAIRN_PASSWORD")
+        .env_remove("CAIRN_REPOSITORY");
+    cmd
+}
+
+/// Where the default repository of `env` lives.
+pub fn default_repo(env: &TestEnv) -> PathBuf {
+    env.root.join("data/cairn/default")
+}
+
 /// Copies a tree with `cp -a`, keeping modes, times, owners, xattrs and hardlinks, to
 /// remember a state for later comparison.
 pub fn copy_tree(from: &Path, to: &Path) {

@@ -7,18 +7,6 @@ use std::path::{Path, PathBuf};
 
 use crate::common::*;
 
-/// `cairn` with neither a repository nor a password configured.
-fn unconfigured(env: &TestEnv) -> assert_cmd::Command {
-    let mut cmd = env.bare_cmd();
-    cmd.env_remove("CAIRN_PASSWORD")
-        .env_remove("CAIRN_REPOSITORY");
-    cmd
-}
-
-fn default_repo(env: &TestEnv) -> PathBuf {
-    env.root.join("data/cairn/default")
-}
-
 /// Every file under $XDG_CONFIG_HOME/cairn.
 fn config_files(env: &TestEnv) -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {

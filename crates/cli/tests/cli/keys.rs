@@ -147,18 +147,6 @@ fn passwd_replaces_the_key_in_use_and_the_old_password_stops_opening() {
     assert_trees_equal(&src, &restored_path(&target, &src), Compare::CONTENTS);
 }
 
-/// `cairn` on the default repository, with no password configured.
-fn unconfigured(env: &TestEnv) -> assert_cmd::Command {
-    let mut cmd = env.bare_cmd();
-    cmd.env_remove("CAIRN_PASSWORD")
-        .env_remove("CAIRN_REPOSITORY");
-    cmd
-}
-
-fn default_repo(env: &TestEnv) -> PathBuf {
-    env.root.join("data/cairn/default")
-}
-
 fn default_key(env: &TestEnv) -> PathBuf {
     env.root.join("config/cairn/default.key")
 }
@@ -373,22 +361,6 @@ fn a_new_local_repository_is_readable_by_its_owner_only() {
         }
     }
     assert_eq!(mode(&env.repo.join("config")), 0o600);
-}
-
-/// Copies directory `from` to `to` as it is (`cp -a`).
-fn copy_tree(from: &Path, to: &Path) {
-    let status = std::process::Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(to)
-        .status()
-        .unwrap();
-    assert!(
-        status.success(),
-        "cp -a {} {}",
-        from.display(),
-        to.display()
-    );
 }
 
 /// Two backups of different data, so forgetting the first leaves packs for prune.

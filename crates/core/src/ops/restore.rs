@@ -371,19 +371,12 @@ impl Restorer<'_> {
     fn walk(&mut self, start: Entry, existed: bool, start_path: &[u8]) -> Result<()> {
         let target = self.target.clone();
         match start {
-            Entry::Root(tree) => self.restore_tree(
-                &tree,
-                Some(&target),
-                &target.path,
-                start_path,
-                false,
-                existed,
-            )?,
-            Entry::Node(Node {
-                kind: NodeKind::Dir { subtree },
+            Entry::Root(tree)
+            | Entry::Node(Node {
+                kind: NodeKind::Dir { subtree: tree },
                 ..
             }) => self.restore_tree(
-                &subtree,
+                &tree,
                 Some(&target),
                 &target.path,
                 start_path,
