@@ -580,3 +580,39 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod pinned {
+    use super::*;
+
+    /// The gear table is part of format 2: if its derivation changed, new backups would
+    /// cut existing files differently and stop deduplicating against older snapshots,
+    /// and nothing else would notice (the fixture test only restores). So the cut points
+    /// of a known key over known bytes are pinned.
+    #[test]
+    fn a_known_key_cuts_known_bytes_where_it_always_did() {
+        let json = r#"{"format":2,"data_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "id_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
+            "chunker_key":"AQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQEBAQE="}"#;
+        let key: MasterKey = serde_json::from_str(json).unwrap();
+        let mut data = vec![0u8; 300_000];
+        blake3::Hasher::new()
+            .update(b"pinned input")
+            .finalize_xof()
+            .fill(&mut data);
+        let params = cairn_chunker::ChunkerParams::new(2048, 8192, 32768).unwrap();
+        let cuts = cairn_chunker::chunk_slice(&data, params, key.chunker_gear());
+        let lengths: Vec<String> = cuts
+            .iter()
+            .take(6)
+            .map(|(_, len)| len.to_string())
+            .collect();
+        assert_eq!(
+            (cuts.len(), lengths.join(" ")),
+            (PINNED_COUNT, PINNED_FIRST.to_string())
+        );
+    }
+
+    const PINNED_COUNT: usize = 30;
+    const PINNED_FIRST: &str = "9015 9855 9260 16692 14142 9079";
+}
