@@ -349,6 +349,10 @@ pub struct InitArgs {
     /// Target size of pack files (1M to 1G; default 16M)
     #[arg(long, value_parser = parse_size)]
     pub pack_size: Option<u32>,
+    /// aegis-256 or xchacha20-poly1305 (default: aegis-256 where the processor has AES
+    /// instructions, xchacha20-poly1305 elsewhere; both read anywhere)
+    #[arg(long, value_name = "CIPHER")]
+    pub cipher: Option<cairn_core::crypto::Cipher>,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,6 @@
 //! The per-byte steps of a backup on one core, in bytes per second (`cargo bench -p
 //! cairn-core`): naming a blob (keyed BLAKE3), compressing it (zstd:3 and lz4, on text and
-//! on random data, which takes the store-raw path), sealing it (XChaCha20-Poly1305), and
+//! on random data, which takes the store-raw path), sealing it (each cipher), and
 //! packing sealed blobs into a 16 MiB pack. The figures in docs/BENCHMARKS.md come from
 //! here.
 
@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use cairn_core::compress::{Compression, Compressor};
-use cairn_core::crypto::{MasterKey, Purpose};
+use cairn_core::crypto::{Cipher, MasterKey, Purpose};
 use cairn_core::id::BlobId;
 use cairn_core::pack::{BlobKind, PackWriter};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
@@ -68,10 +68,16 @@ fn seal(c: &mut Criterion) {
     let data = input::mixed(INPUT_BYTES, 5);
     let mut group = c.benchmark_group("seal");
     group.throughput(Throughput::Bytes(data.len() as u64));
-    // Format 2 adds a subkey, associated data and Padmé padding to format 1's seal.
-    for format in [1, 2] {
-        let key = MasterKey::generate_for(format);
-        let name = format!("xchacha20-poly1305 format {format}");
+    // Format 2 adds a subkey, associated data and Padmé padding to format 1's seal, and
+    // offers AEGIS-256.
+    for (format, cipher) in [
+        (1, Cipher::XChaCha20Poly1305),
+        (2, Cipher::XChaCha20Poly1305),
+        (2, Cipher::Aegis256),
+    ] {
+        let mut key = MasterKey::generate_for(format);
+        key.use_cipher(cipher).expect("both ciphers in format 2");
+        let name = format!("{} format {format}", cipher.name());
         group.bench_function(name, |b| {
             b.iter(|| {
                 blobs(&data)

@@ -8,7 +8,7 @@ use cairn_chunker::ChunkerParams;
 use serde::{Deserialize, Serialize};
 
 use crate::compress::Compression;
-use crate::crypto::MasterKey;
+use crate::crypto::{Cipher, MasterKey};
 
 /// The newest repository format this binary reads and writes.
 pub const FORMAT_VERSION: u32 = 2;
@@ -25,6 +25,10 @@ pub struct Config {
     pub compression: Compression,
     /// Target size of a pack file in bytes.
     pub pack_size: u64,
+    /// Format 2: the AEAD sealing every object; absent means XChaCha20-Poly1305 (format 1,
+    /// and format 2 repositories made before the choice existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cipher: Option<Cipher>,
     /// Format 2: hex keyed BLAKE3 of the settings above (the JSON of this struct without
     /// `mac`), under the master key's config MAC key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,6 +102,11 @@ impl Config {
         Ok(config)
     }
 
+    /// The AEAD that seals this repository's objects.
+    pub fn cipher(&self) -> Cipher {
+        self.cipher.unwrap_or_default()
+    }
+
     /// The bytes the MAC covers: the settings, serialized without the MAC.
     fn settings(&self) -> Vec<u8> {
         let unsigned = Config {
@@ -124,7 +133,12 @@ impl Config {
             )));
         }
         if self.version == 1 {
-            return Ok(());
+            return match self.cipher {
+                None => Ok(()),
+                Some(_) => Err(ConfigError::NotAuthentic(
+                    "it names a cipher, which format 1 does not have".into(),
+                )),
+            };
         }
         let expected = hex::encode(key.config_mac(&self.settings()));
         match &self.mac {
@@ -171,6 +185,7 @@ mod tests {
         let key = MasterKey::generate();
         let mut v = sample();
         v["version"] = 2.into();
+        v["cipher"] = "aegis-256".into();
         let mut config = Config::parse(v.to_string().as_bytes()).unwrap();
         config.sign(&key);
         let stored = serde_json::to_value(&config).unwrap();
@@ -182,6 +197,7 @@ mod tests {
             (&["chunker", "avg_size"], serde_json::json!(2097152)),
             (&["compression"], serde_json::json!({"codec": "none"})),
             (&["pack_size"], serde_json::json!(1 << 20)),
+            (&["cipher"], serde_json::json!("xchacha20-poly1305")),
             (&["id"], serde_json::json!("cd")),
             (&["mac"], serde_json::json!("00")),
         ] {
@@ -193,9 +209,11 @@ mod tests {
             }
             tampered.push(t);
         }
-        let mut no_mac = stored.clone();
-        no_mac.as_object_mut().unwrap().remove("mac");
-        tampered.push(no_mac);
+        for field in ["mac", "cipher"] {
+            let mut without = stored.clone();
+            without.as_object_mut().unwrap().remove(field);
+            tampered.push(without);
+        }
         for t in tampered {
             let c = Config::parse(t.to_string().as_bytes()).unwrap();
             assert!(
@@ -206,9 +224,18 @@ mod tests {
         // Back to format 1, where there is no MAC: the key says format 2.
         let mut downgraded = stored.clone();
         downgraded["version"] = 1.into();
+        let with_cipher = Config::parse(downgraded.to_string().as_bytes()).unwrap();
+        downgraded.as_object_mut().unwrap().remove("cipher");
         let c = Config::parse(downgraded.to_string().as_bytes()).unwrap();
+        for c in [c, with_cipher.clone()] {
+            assert!(matches!(
+                c.authenticate(&key),
+                Err(ConfigError::NotAuthentic(_))
+            ));
+        }
+        // Nor does a format 1 key vouch for a format 1 config naming a cipher.
         assert!(matches!(
-            c.authenticate(&key),
+            with_cipher.authenticate(&MasterKey::generate_for(1)),
             Err(ConfigError::NotAuthentic(_))
         ));
         // Another repository's key does not vouch for it.
@@ -231,6 +258,9 @@ mod tests {
         }
         let mut v = sample();
         v["chunker"]["min_size"] = serde_json::json!(4 << 20);
+        assert!(Config::parse(v.to_string().as_bytes()).is_err());
+        let mut v = sample();
+        v["cipher"] = "rot13".into();
         assert!(Config::parse(v.to_string().as_bytes()).is_err());
     }
 }

@@ -11,7 +11,7 @@ use cairn_storage::{Storage, StorageError};
 use crate::cache::Cache;
 use crate::compress::{self, Compression};
 use crate::config::{ChunkerConfig, Config, ConfigError, FORMAT_VERSION};
-use crate::crypto::{MasterKey, Purpose};
+use crate::crypto::{Cipher, MasterKey, Purpose};
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, PackId, SnapshotId};
 use crate::index::{BlobLocation, Index, IndexBuilder, IndexFile, IndexedPack};
@@ -36,6 +36,8 @@ pub struct InitOptions {
     /// Name blobs and cut chunks as this key does (`init --copy-chunker-params`), so the
     /// new repository deduplicates with the one it belongs to.
     pub ids_from: Option<Arc<MasterKey>>,
+    /// The AEAD (format 2); `None` picks [`Cipher::fastest_here`].
+    pub cipher: Option<Cipher>,
 }
 
 impl Default for InitOptions {
@@ -49,6 +51,7 @@ impl Default for InitOptions {
             host: String::new(),
             format: FORMAT_VERSION,
             ids_from: None,
+            cipher: None,
         }
     }
 }
@@ -95,10 +98,16 @@ impl Repository {
         if storage.exists("config")? || !storage.list("keys")?.is_empty() {
             return Err(Error::RepositoryExists { location });
         }
-        let key = match &opts.ids_from {
+        let mut key = match &opts.ids_from {
             Some(other) => MasterKey::sharing_ids_with(other),
             None => MasterKey::generate_for(opts.format),
         };
+        let cipher = match (key.format(), opts.cipher) {
+            (1, _) => None,
+            (_, chosen) => Some(chosen.unwrap_or_else(Cipher::fastest_here)),
+        };
+        key.use_cipher(cipher.unwrap_or_default())
+            .expect("format 1 keeps the default cipher");
         let key_file = crate::keys::write_key_file(
             storage.as_ref(),
             &key,
@@ -113,6 +122,7 @@ impl Repository {
             hash: "blake3-keyed".into(),
             compression: opts.compression,
             pack_size: opts.pack_size,
+            cipher,
             mac: None,
         };
         config.sign(&key);
@@ -154,10 +164,12 @@ impl Repository {
         credentials: impl Into<Credentials>,
     ) -> Result<Self> {
         let config = read_config(storage.as_ref())?;
-        let (key, access) = crate::keys::open(storage.as_ref(), &config, credentials.into())?;
+        let (mut key, access) = crate::keys::open(storage.as_ref(), &config, credentials.into())?;
         config
             .authenticate(&key)
             .map_err(|e| config_error(storage.as_ref(), e))?;
+        key.use_cipher(config.cipher())
+            .map_err(|e| config_error(storage.as_ref(), ConfigError::Malformed(e)))?;
         Ok(Self::assemble(storage, config, key, access))
     }
 

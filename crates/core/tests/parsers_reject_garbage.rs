@@ -116,6 +116,7 @@ fn valid_config() -> Vec<u8> {
         hash: "blake3-keyed".into(),
         compression: Compression::default(),
         pack_size: 16 << 20,
+        cipher: Some(cairn_core::crypto::Cipher::Aegis256),
         mac: None,
     };
     serde_json::to_vec(&config).unwrap()

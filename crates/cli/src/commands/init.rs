@@ -37,6 +37,7 @@ pub fn run(g: &GlobalArgs, a: InitArgs) -> Result<u8> {
         compression: a.compression.parse().map_err(anyhow::Error::msg)?,
         host: gethostname::gethostname().to_string_lossy().into_owned(),
         ids_from,
+        cipher: a.cipher,
         ..InitOptions::default()
     };
     let repo = context::init(g, &opts)?;
@@ -45,11 +46,13 @@ pub fn run(g: &GlobalArgs, a: InitArgs) -> Result<u8> {
         crate::output::json(&serde_json::json!({
             "id": repo.config().id,
             "repository": location,
+            "cipher": repo.config().cipher().name(),
         }))?;
     } else if !g.quiet {
         println!(
-            "Created cairn repository {} at {location}",
-            repo.config().id
+            "Created cairn repository {} at {location} (encrypted with {})",
+            repo.config().id,
+            repo.config().cipher().name()
         );
     }
     Ok(0)

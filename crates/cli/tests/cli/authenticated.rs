@@ -213,3 +213,49 @@ fn new_repositories_are_format_2_and_hide_exact_sizes() {
     assert_eq!(sizes.len(), 3);
     assert!(sizes.iter().all(|s| *s == sizes[0]), "pack sizes {sizes:?}");
 }
+
+/// Each cipher `init` offers backs up, checks and restores; the choice is recorded in the
+/// config, and changing or removing it there is refused like any other setting.
+#[test]
+fn each_cipher_works_and_the_choice_cannot_be_changed_on_the_storage() {
+    for (cipher, other) in [
+        ("aegis-256", "xchacha20-poly1305"),
+        ("xchacha20-poly1305", "aegis-256"),
+    ] {
+        let env = TestEnv::new();
+        env.init(&["--cipher", cipher]);
+        let config: Value =
+            serde_json::from_slice(&fs::read(env.repo.join("config")).unwrap()).unwrap();
+        assert_eq!(config["cipher"], cipher, "{config}");
+        let src = env.path("src");
+        fs::create_dir_all(&src).unwrap();
+        write_file(&src.join("random"), &random_bytes(3_000_000, 3));
+        write_file(&src.join("text"), &compressible_bytes(500_000, 4));
+        env.backup(&[&src], &[]);
+        assert_check_clean(&env, &["--read-data"], cipher);
+        assert_snapshot_restores(&env, "latest", &src, &src, Compare::CONTENTS);
+        let original = fs::read(env.repo.join("config")).unwrap();
+        for edit in [Some(other), None] {
+            edit_config(&env, |c| match edit {
+                Some(other) => c["cipher"] = other.into(),
+                None => drop(c.as_object_mut().unwrap().remove("cipher")),
+            });
+            let out = env.cmd().arg("snapshots").output().unwrap();
+            assert_exit(&out, 1, &format!("{cipher} config edited to {edit:?}"));
+            assert!(
+                stderr(&out).contains("not the one this repository was created with"),
+                "{}",
+                stderr(&out)
+            );
+            fs::write(env.repo.join("config"), &original).unwrap();
+        }
+    }
+    let env = TestEnv::new();
+    let out = env
+        .cmd()
+        .args(["init", "--cipher", "rot13"])
+        .output()
+        .unwrap();
+    assert_exit(&out, 2, "init with an unknown cipher");
+    assert!(stderr(&out).contains("aegis-256"), "{}", stderr(&out));
+}

@@ -9,9 +9,10 @@
 //! cargo test -p cairn-cli --test cli fixtures::write_current_format_fixture -- --ignored
 //! ```
 //!
-//! That writes `testdata/repos/v{FORMAT_VERSION}/` (refusing to overwrite one that exists);
-//! commit it. `the_current_format_version_has_a_fixture` fails until it is there, and
-//! `every_fixture_restores_exactly` then checks it along with all older ones.
+//! That writes `testdata/repos/v{FORMAT_VERSION}/` (XChaCha20-Poly1305) and
+//! `v{FORMAT_VERSION}-aegis-256/`, each only if it is not there (fixtures are never
+//! rewritten); commit them. `the_current_format_version_has_a_fixture` fails until both are
+//! there, and `every_fixture_restores_exactly` then checks them along with all older ones.
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -136,13 +137,25 @@ fn run_with_password_file(
 #[test]
 #[ignore = "writes testdata/repos/vN: run with --ignored when adding a format version"]
 fn write_current_format_fixture() {
+    for (dir, cipher) in current_fixtures() {
+        let dest = fixtures_dir().join(dir);
+        if !dest.exists() {
+            write_fixture(&dest, cipher);
+        }
+    }
+}
+
+/// The current format's fixtures: one per cipher, each directory and its `init --cipher`.
+fn current_fixtures() -> [(String, &'static str); 2] {
     let version = cairn_core::config::FORMAT_VERSION;
-    let dest = fixtures_dir().join(format!("v{version}"));
-    assert!(
-        !dest.exists(),
-        "{} exists: fixtures are never rewritten",
-        dest.display()
-    );
+    [
+        (format!("v{version}"), "xchacha20-poly1305"),
+        (format!("v{version}-aegis-256"), "aegis-256"),
+    ]
+}
+
+fn write_fixture(dest: &Path, cipher: &str) {
+    let version = cairn_core::config::FORMAT_VERSION;
     let env = TestEnv::new();
     let pw = env.path("password");
     fs::write(&pw, FIXTURE_PASSWORD).unwrap();
@@ -152,9 +165,11 @@ fn write_current_format_fixture() {
         assert_success(&out, &format!("cairn {args:?}"));
         out
     };
-    fs::create_dir_all(&dest).unwrap();
+    fs::create_dir_all(dest).unwrap();
     cmd(&[
         "init",
+        "--cipher",
+        cipher,
         "--chunk-min",
         "16K",
         "--chunk-avg",
@@ -192,13 +207,14 @@ fn write_current_format_fixture() {
 
 #[test]
 fn the_current_format_version_has_a_fixture() {
-    let version = cairn_core::config::FORMAT_VERSION;
-    let dir = fixtures_dir().join(format!("v{version}"));
-    assert!(
-        dir.join("manifest.json").is_file(),
-        "format version {version} has no fixture in {}; see the doc of this module",
-        dir.display()
-    );
+    for (dir, cipher) in current_fixtures() {
+        let dir = fixtures_dir().join(dir);
+        assert!(
+            dir.join("manifest.json").is_file(),
+            "the current format with {cipher} has no fixture in {}; see the doc of this module",
+            dir.display()
+        );
+    }
 }
 
 #[test]
