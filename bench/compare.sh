@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# cairn beside restic, borg, rustic, bupstash and conserve on the Linux 6.1 source tree, in
-# one run, each tool at its defaults (encryption on where the tool has it: conserve has
-# none). For each tool: init, first backup (page cache dropped), unchanged second backup
-# (the median of three runs),
-# restore (page cache dropped) into an empty directory, checked against the source with
-# `diff -r --no-dereference`. Wall time, CPU time (user+sys) and peak RSS come from GNU
-# time; repository size from `du -sb`. Two rows for cairn alone: a plain parallel walk
-# that lstat()s every file (crates/core/examples/statwalk.rs), the floor under an
-# unchanged backup; and a copy of the tree backed up into the repository that holds the
-# original (duplicate data).
+# cairn beside restic, borg, rustic, bupstash, conserve and vykar on two corpora, in one
+# run, each tool at its defaults (encryption on where the tool has it: conserve has
+# none). The corpora: the Linux 6.1 source tree (small compressible files), and a mixed
+# tree of mostly incompressible files, photos, videos, disk images, zip and office files,
+# with some CSV, XML and logs (bench/corpus.py, about 1.1 GB, the same bytes every run).
+#
+# For each corpus and tool: init, first backup (page cache dropped), unchanged second
+# backup (the median of three runs), a backup after in-place changes (bench/corpus.py
+# change: overwritten ranges, appends, new files), restore of that last snapshot (page
+# cache dropped) into an empty directory, checked against the source with
+# `diff -r --no-dereference`; then the tree goes back as it was for the next tool. Wall
+# time, CPU time (user+sys) and peak RSS come from GNU time; repository size from
+# `du -sb`. Rows for cairn alone: a plain parallel walk that lstat()s every file
+# (crates/core/examples/statwalk.rs), the floor under an unchanged backup; and a copy of
+# the tree backed up into the repository that holds the original (duplicate data).
 #
 # Prints a table per step and writes the same as markdown to WORKDIR/compare.md. Tools
-# not on PATH are skipped (and listed as such). Exits non-zero if any step failed or any
-# restore differed from the source.
+# not on PATH are skipped (and listed as such). vykar is not on crates.io, so
+# install-peers.sh does not install it: put a vykar binary on PATH (built from its
+# source, github.com/borgbase/vykar, `cargo build --release -p vykar-cli`) to measure it.
+# Exits non-zero if any step failed or any restore differed from the source.
 #
 # usage: bench/compare.sh [--no-install] [WORKDIR]     (as root: apt, drop_caches)
 #   --no-install, or CAIRN_BENCH_NO_INSTALL=1: do not run bench/install-peers.sh
 #   CAIRN_BIN=PATH: measure this cairn binary instead of building one
-#   CAIRN_BENCH_TOOLS="cairn restic ...": measure only these (default: all six)
+#   CAIRN_BENCH_TOOLS="cairn restic ...": measure only these (default: all seven)
+#   CAIRN_BENCH_CORPORA="linux mixed": the corpora, in order (default: both)
 #   CAIRN_BENCH_REPEAT=N: runs of the unchanged backup and the walk (median; default 3)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -39,35 +47,31 @@ source "$here/bench/lib.sh"
 
 [ "$install" = 1 ] && "$here/bench/install-peers.sh"
 export PATH="$PATH:${CARGO_HOME:-$HOME/.cargo}/bin"
-src=$(prepare_linux_tree "$work")
 cairn=$(build_cairn "$here")
 statwalk=$(build_statwalk "$here")
 
 # ext4 without a journal (as on this VM) skips inodes freed in the last minute, or six
 # while their inode table block is dirty, when it allocates new ones: a restore right
 # after a large deletion spent most of its time in that scan (perf: find_get_block_common,
-# recently_deleted). So nothing is deleted during the run, and after a deletion (this
-# one, or the previous run's cleanup) the run waits until six minutes have passed.
+# recently_deleted). So nothing is deleted while a corpus is measured, and after a
+# deletion (between corpora, or the previous run's cleanup) the run waits until six
+# minutes have passed.
 deleted_at="$work/.deleted-at"
-# Deletes the restored trees, repositories and the duplicate copy, noting when.
+# Deletes the restored trees, repositories and duplicate copies, noting when.
 delete_trees() {
-  rm -rf "$work/repos" "$work/restore" "$work/linux-dup"
+  [ -e "$work/restore" ] || [ -e "$work/dup" ] || [ -e "$work/repos" ] || return 0
+  rm -rf "$work/repos" "$work/restore" "$work/dup"
   date +%s >"$deleted_at"
 }
-if [ -e "$work/restore" ] || [ -e "$work/linux-dup" ] || [ -e "$work/repos" ]; then
-  delete_trees
-fi
-rm -rf "$work/cache" "$work/logs"
-if [ -e "$deleted_at" ]; then
-  wait_s=$(($(cat "$deleted_at") + 360 - $(date +%s)))
+wait_after_deletion() {
+  [ -e "$deleted_at" ] || return 0
+  local wait_s=$(($(cat "$deleted_at") + 360 - $(date +%s)))
   if [ "$wait_s" -gt 0 ]; then
     echo "waiting ${wait_s} s: files were deleted less than six minutes ago (see the comment)"
     sleep "$wait_s"
   fi
-fi
-mkdir -p "$work/repos" "$work/restore" "$work/cache" "$work/logs"
-results="$work/results.tsv"
-: >"$results"
+}
+rm -rf "$work/cache" "$work/logs"
 failures=()
 
 # Each tool reads its repository and password from the environment where it can.
@@ -75,12 +79,17 @@ export CAIRN_PASSWORD=bench RESTIC_PASSWORD=bench BORG_PASSPHRASE=bench \
   RUSTIC_PASSWORD=bench RUSTIC_NO_PROGRESS=true \
   CAIRN_REPOSITORY="$work/repos/cairn" RESTIC_REPOSITORY="$work/repos/restic" \
   RUSTIC_REPOSITORY="$work/repos/rustic" BUPSTASH_REPOSITORY="$work/repos/bupstash" \
-  BUPSTASH_KEY="$work/repos/bupstash.key"
+  BUPSTASH_KEY="$work/repos/bupstash.key" VYKAR_PASSPHRASE=bench \
+  VYKAR_CONFIG="$work/vykar.yaml"
+# vykar takes its repository from a config file. Its default encryption is chosen by
+# measuring the machine (AES-256-GCM or ChaCha20-Poly1305).
+printf 'repositories:\n  - label: bench\n    url: %s\n' "$work/repos/vykar" >"$work/vykar.yaml"
 
 # tool_cmd TOOL STEP [RUN]: sets `cmd` to TOOL's command line for STEP (init, backup1,
-# backup2, restore); a repeated step's later runs name their snapshot STEP.RUN where the
-# tool wants names of its own (borg, bupstash). Backups are of the same absolute path for
-# every tool; restores go into $work/restore/TOOL, which exists and is empty.
+# backup2, backup3, restore); a repeated step's later runs name their snapshot STEP.RUN
+# where the tool wants names of its own (borg, bupstash). Backups are of the same
+# absolute path ($src) for every tool; restores go into $work/restore/TOOL, which exists
+# and is empty, and restore the last snapshot (backup3).
 tool_cmd() {
   local repo="$work/repos/$1" dest="$work/restore/$1" name=$2
   [ "${3:-1}" -gt 1 ] && name="$2.$3"
@@ -94,7 +103,7 @@ tool_cmd() {
     borg:init) cmd=(borg init --encryption=repokey-blake2 "$repo") ;;
     borg:backup*) cmd=(borg create "$repo::$name" "$src") ;;
     # borg extracts into the current directory.
-    borg:restore) cmd=(env -C "$dest" borg extract "$repo::backup2") ;;
+    borg:restore) cmd=(env -C "$dest" borg extract "$repo::backup3") ;;
     rustic:init) cmd=(rustic init) ;;
     rustic:backup*) cmd=(rustic backup "$src") ;;
     rustic:restore) cmd=(rustic restore latest "$dest") ;;
@@ -105,10 +114,13 @@ tool_cmd() {
     # Its own restore, not `bupstash get | tar -x`: the tar stream rewrites a symlink
     # target of the tree (../.././x becomes ../../x). Owners and xattrs are opt-in there;
     # the other tools restore them by default as root.
-    bupstash:restore) cmd=(bupstash restore --ownership --xattrs --into "$dest" step=backup2) ;;
+    bupstash:restore) cmd=(bupstash restore --ownership --xattrs --into "$dest" step=backup3) ;;
     conserve:init) cmd=(conserve init "$repo") ;;
     conserve:backup*) cmd=(conserve --no-progress backup "$repo" "$src") ;;
     conserve:restore) cmd=(conserve --no-progress restore "$repo" "$dest") ;;
+    vykar:init) cmd=(vykar init) ;;
+    vykar:backup*) cmd=(vykar backup --label bench "$src") ;;
+    vykar:restore) cmd=(vykar restore latest "$dest") ;;
     *) echo "no command for $1 $2" >&2; return 1 ;;
   esac
 }
@@ -134,7 +146,7 @@ median() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
 # after a restore) and prints it. The tool's output goes to $work/logs/TOOL-STEP.*. The
 # unchanged backup is timed $repeats times (each a new snapshot of the same tree).
 step() {
-  local tool=$1 s=$2 log="$work/logs/$1-$2" m size=- wall cpu rss n=1 r runs=()
+  local tool=$1 s=$2 log="$work/logs/$corpus/$1-$2" m size=- wall cpu rss n=1 r runs=()
   [ "$s" = backup2 ] && n=$repeats
   for ((r = 1; r <= n; r++)); do
     tool_cmd "$tool" "$s" "$r"
@@ -153,15 +165,15 @@ step() {
 }
 
 # verify TOOL: compares the restored tree with the source, wherever under the target the
-# tool put it (restic, borg, rustic and cairn keep the absolute path; bupstash and
-# conserve restore the directory's contents).
+# tool put it (restic, borg, rustic and cairn keep the absolute path; bupstash, conserve
+# and vykar restore the directory's contents).
 verify() {
-  local tool=$1 dest="$work/restore/$1" got log="$work/logs/$1-diff"
-  got=$(find "$dest" -type d -name linux-source-6.1 -print -quit)
-  if [ -n "$got" ] && diff -r --no-dereference "$src/linux-source-6.1" "$got" >"$log" 2>&1; then
+  local tool=$1 dest="$work/restore/$1" got log="$work/logs/$corpus/$1-diff"
+  got=$(find "$dest" -type d -name "$leaf" -print -quit)
+  if [ -n "$got" ] && diff -r --no-dereference "$src/$leaf" "$got" >"$log" 2>&1; then
     record verify "$tool" identical
   else
-    [ -n "$got" ] || echo "no linux-source-6.1 under $dest" >>"$log"
+    [ -n "$got" ] || echo "no $leaf under $dest" >>"$log"
     fail "$tool restore DIFFERS from the source" "$log"
     record verify "$tool" DIFFERS
   fi
@@ -169,7 +181,7 @@ verify() {
 
 # The cairn-only rows, with cairn's repository holding the first and second backups.
 walk_row() {
-  local m wall cpu rss log="$work/logs/statwalk" r runs=()
+  local m wall cpu rss log="$work/logs/$corpus/statwalk" r runs=()
   for ((r = 1; r <= repeats; r++)); do
     if ! m=$(timed "$log.out" "$log.err" "$statwalk" "$src"); then
       fail "statwalk failed" "$log.err"; return 0
@@ -184,7 +196,8 @@ walk_row() {
 }
 
 duplicate_row() {
-  local dup="$work/linux-dup" m wall cpu rss log="$work/logs/cairn-duplicate" added total
+  local dup="$work/dup/$corpus" m wall cpu rss log="$work/logs/$corpus/cairn-duplicate" added total
+  mkdir -p "$work/dup"
   cp -a "$src" "$dup"
   drop_caches
   if ! m=$(timed "$log.out" "$log.err" "$cairn" backup --json "$dup"); then
@@ -210,12 +223,14 @@ run_tool() {
   drop_caches; step "$tool" backup1 || return 0
   step "$tool" backup2 || return 0
   [ "$tool" = cairn ] && walk_row
+  python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 1
+  step "$tool" backup3 || return 0
   drop_caches; step "$tool" restore || return 0
   verify "$tool"
   [ "$tool" = cairn ] && duplicate_row
-  # Restored trees and repositories stay until the end (about 12 GB in all): see the
-  # comment on deletions above. (The explicit status: the line above is false for the
-  # other tools, and `set -e` would stop the run.)
+  # Restored trees and repositories stay until the corpus is done (about 12 GB for
+  # either): see the comment on deletions above. (The explicit status: the line above is
+  # false for the other tools, and `set -e` would stop the run.)
   return 0
 }
 
@@ -228,16 +243,12 @@ version_of() {
   esac 2>&1 | head -n 1 || true
 }
 
-src_bytes=$(du -sb "$src" | cut -f1)
-src_files=$(find "$src" -type f | wc -l)
-echo "source: $src ($src_bytes bytes in $src_files files)"
 tools=() missing=()
-for t in ${CAIRN_BENCH_TOOLS:-cairn restic borg rustic bupstash conserve}; do
+for t in ${CAIRN_BENCH_TOOLS:-cairn restic borg rustic bupstash conserve vykar}; do
   if [ "$t" = cairn ] || command -v "$t" >/dev/null; then tools+=("$t"); else missing+=("$t"); fi
 done
 versions=()
 for t in "${tools[@]}"; do versions+=("$(version_of "$t")"); done
-for t in "${tools[@]}"; do run_tool "$t"; done
 
 # render text|md: the results as one table per step. For each step, a last row gives
 # cairn's wall time, peak RSS and repository size over the best of the other tools.
@@ -298,7 +309,8 @@ render() {
         printf "%scairn unchanged backup / plain parallel walk (lstat of every file, all cores): %.2f%s (target: within 2%s)\n",
           fmt == "md" ? "\n" : "  ", wall["backup2", "cairn"] / wall["backup2", "plain parallel walk"],
           fmt == "md" ? "×" : "x", fmt == "md" ? "×" : "x"
-      table("restore", "restore (page cache dropped first)", "identical to source")
+      table("backup3", "backup after in-place changes (bench/corpus.py change)")
+      table("restore", "restore of that last backup (page cache dropped first)", "identical to source")
       if (dup != "") {
         split(dup, d, "\t")
         title = "duplicate data: a cp -a copy of the tree, backed up into cairn'"'"'s repository holding the original (page cache dropped first)"
@@ -317,19 +329,51 @@ render() {
     }' "$results"
 }
 
-render text
+# run_corpus CORPUS: every tool on one corpus, the tables printed and added to compare.md.
+run_corpus() {
+  corpus=$1
+  case $corpus in
+    linux) src=$(prepare_linux_tree "$work") leaf=linux-source-6.1
+      title="the Linux 6.1 source tree" ;;
+    mixed) src="$work/mixed-src" leaf=mixed
+      title="mixed, mostly incompressible files (bench/corpus.py)"
+      [ -d "$src/$leaf" ] || python3 "$here/bench/corpus.py" mixed "$src/$leaf" ;;
+    *) echo "unknown corpus $corpus (linux, mixed)" >&2; exit 2 ;;
+  esac
+  # A run stopped half-way may have left the tree changed.
+  python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 0
+  delete_trees
+  wait_after_deletion
+  rm -rf "$work/cache"
+  mkdir -p "$work/repos" "$work/restore" "$work/cache" "$work/logs/$corpus"
+  results="$work/results-$corpus.tsv"
+  : >"$results"
+  src_bytes=$(du -sb "$src" | cut -f1)
+  src_files=$(find "$src" -type f | wc -l)
+  echo "corpus $corpus: $src ($src_bytes bytes in $src_files files)"
+  for t in "${tools[@]}"; do
+    run_tool "$t"
+    python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 0
+  done
+  render text
+  {
+    echo
+    echo "## Compared with other tools: $title"
+    echo
+    echo "Source $src_bytes bytes in $src_files files."
+    render md
+  } >>"$work/compare.md"
+}
+
 {
-  echo "## Compared with other tools: the Linux 6.1 source tree"
-  echo
   echo "\`bench/compare.sh\` at commit $(git -C "$here" describe --always --dirty) on $(date -u +%Y-%m-%d)" \
-    "($(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM);" \
-    "source $src_bytes bytes in $src_files files. Each tool at its defaults; conserve has no" \
-    "encryption."
+    "($(nproc) cores, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo) RAM)." \
+    "Each tool at its defaults; conserve has no encryption."
   echo
   for i in "${!tools[@]}"; do echo "- ${tools[$i]}: ${versions[$i]}"; done
   for t in "${missing[@]}"; do echo "- $t: not on PATH, not measured"; done
-  render md
 } >"$work/compare.md"
+for corpus in ${CAIRN_BENCH_CORPORA:-linux mixed}; do run_corpus "$corpus"; done
 echo
 echo "markdown: $work/compare.md"
 delete_trees
