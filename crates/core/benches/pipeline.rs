@@ -55,7 +55,7 @@ fn compress(c: &mut Criterion) {
             group.bench_function(format!("{codec} {kind}"), |b| {
                 b.iter(|| {
                     blobs(data)
-                        .map(|blob| compressor.compress(blob).len())
+                        .map(|blob| compressor.compress(blob).tagged_len())
                         .sum::<usize>()
                 })
             });

@@ -362,17 +362,24 @@ impl MasterKey {
 
     /// Seals the concatenation of `parts`, without first copying them into one buffer.
     pub fn seal_parts(&self, purpose: Purpose, parts: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.seal_parts_into(purpose, parts, &mut out);
+        out
+    }
+
+    /// [`seal_parts`](Self::seal_parts) into `out` (emptied first), reusing its memory.
+    pub fn seal_parts_into(&self, purpose: Purpose, parts: &[&[u8]], out: &mut Vec<u8>) {
         let format = self.secrets.format;
         if format == 1 {
-            return seal_with(&self.secrets.data_key, parts);
+            return seal_ad(&self.secrets.data_key, b"", parts, None, out);
         }
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let (ad, ad_len) = purpose.associated_data(format);
         let padded = padme(len as u64 + 4) as usize;
         let key = &self.subkeys[purpose.subkey()];
         match self.cipher {
-            Cipher::XChaCha20Poly1305 => seal_ad(key, &ad[..ad_len], parts, Some(padded)),
-            Cipher::Aegis256 => seal_aegis(key, &ad[..ad_len], parts, padded),
+            Cipher::XChaCha20Poly1305 => seal_ad(key, &ad[..ad_len], parts, Some(padded), out),
+            Cipher::Aegis256 => seal_aegis(key, &ad[..ad_len], parts, padded, out),
         }
     }
 
@@ -386,26 +393,91 @@ impl MasterKey {
 
     /// Opens what [`seal`](Self::seal) sealed as `purpose`; anything else fails.
     pub fn open(&self, purpose: Purpose, sealed: &[u8]) -> Result<Vec<u8>, OpenError> {
+        let cipher = self.sealing_cipher();
+        let (nonce_len, tag_len) = cipher.nonce_and_tag_len();
+        if sealed.len() < nonce_len + tag_len {
+            return Err(OpenError);
+        }
+        // The ciphertext alone is copied, and decrypted in that copy.
+        let mut plain = sealed[nonce_len..sealed.len() - tag_len].to_vec();
+        let len = self.decrypt(
+            purpose,
+            &sealed[..nonce_len],
+            &mut plain,
+            &sealed[sealed.len() - tag_len..],
+        )?;
+        plain.truncate(len);
+        Ok(plain)
+    }
+
+    /// Opens `sealed` where it lies, decrypting it in place, and returns the plaintext
+    /// within it: no allocation and no copy (restore opens every blob this way).
+    pub fn open_in_place<'a>(
+        &self,
+        purpose: Purpose,
+        sealed: &'a mut [u8],
+    ) -> Result<&'a [u8], OpenError> {
+        let (nonce_len, tag_len) = self.sealing_cipher().nonce_and_tag_len();
+        if sealed.len() < nonce_len + tag_len {
+            return Err(OpenError);
+        }
+        let (nonce, rest) = sealed.split_at_mut(nonce_len);
+        let (ciphertext, tag) = rest.split_at_mut(rest.len() - tag_len);
+        let len = self.decrypt(purpose, nonce, ciphertext, tag)?;
+        Ok(&ciphertext[..len])
+    }
+
+    /// Format 1 seals as XChaCha20-Poly1305 (with the data key, no associated data).
+    fn sealing_cipher(&self) -> Cipher {
+        match self.secrets.format {
+            1 => Cipher::XChaCha20Poly1305,
+            _ => self.cipher,
+        }
+    }
+
+    /// Decrypts `ciphertext` in place and returns the plaintext's length within it
+    /// (format 2 strips its padding).
+    fn decrypt(
+        &self,
+        purpose: Purpose,
+        nonce: &[u8],
+        ciphertext: &mut [u8],
+        tag: &[u8],
+    ) -> Result<usize, OpenError> {
         let format = self.secrets.format;
         if format == 1 {
-            return open_with(&self.secrets.data_key, sealed);
+            decrypt_xchacha(&self.secrets.data_key, b"", nonce, ciphertext, tag)?;
+            return Ok(ciphertext.len());
         }
         let (ad, ad_len) = purpose.associated_data(format);
-        let key = &self.subkeys[purpose.subkey()];
-        let mut plain = match self.cipher {
-            Cipher::XChaCha20Poly1305 => open_ad(key, &ad[..ad_len], sealed)?,
-            Cipher::Aegis256 => open_aegis(key, &ad[..ad_len], sealed)?,
-        };
-        let padded = plain.len();
-        let Some(len_at) = padded.checked_sub(4) else {
+        let (key, ad) = (&self.subkeys[purpose.subkey()], &ad[..ad_len]);
+        match self.cipher {
+            Cipher::XChaCha20Poly1305 => decrypt_xchacha(key, ad, nonce, ciphertext, tag)?,
+            Cipher::Aegis256 => {
+                let nonce = nonce.try_into().map_err(|_| OpenError)?;
+                let tag: &[u8; AEGIS_TAG_LEN] = tag.try_into().map_err(|_| OpenError)?;
+                Aegis256::<AEGIS_TAG_LEN>::new(key, nonce)
+                    .decrypt_in_place(ciphertext, tag, ad)
+                    .map_err(|_| OpenError)?;
+            }
+        }
+        let Some(len_at) = ciphertext.len().checked_sub(4) else {
             return Err(OpenError);
         };
-        let len = u32::from_le_bytes(plain[len_at..].try_into().expect("4 bytes")) as usize;
+        let len = u32::from_le_bytes(ciphertext[len_at..].try_into().expect("4 bytes")) as usize;
         if len > len_at {
             return Err(OpenError);
         }
-        plain.truncate(len);
-        Ok(plain)
+        Ok(len)
+    }
+}
+
+impl Cipher {
+    fn nonce_and_tag_len(self) -> (usize, usize) {
+        match self {
+            Cipher::XChaCha20Poly1305 => (NONCE_LEN, TAG_LEN),
+            Cipher::Aegis256 => (AEGIS_NONCE_LEN, AEGIS_TAG_LEN),
+        }
     }
 }
 
@@ -424,23 +496,33 @@ pub fn padme(len: u64) -> u64 {
 
 /// Seals `parts` under `key` with no associated data and no padding (format 1, key files).
 pub(crate) fn seal_with(key: &[u8; 32], parts: &[&[u8]]) -> Vec<u8> {
-    seal_ad(key, b"", parts, None)
+    let mut out = Vec::new();
+    seal_ad(key, b"", parts, None, &mut out);
+    out
 }
 
 /// Opens what [`seal_with`] sealed.
 pub(crate) fn open_with(key: &[u8; 32], sealed: &[u8]) -> Result<Vec<u8>, OpenError> {
-    open_ad(key, b"", sealed)
+    if sealed.len() < SEAL_OVERHEAD {
+        return Err(OpenError);
+    }
+    let (nonce, rest) = sealed.split_at(NONCE_LEN);
+    let (ciphertext, tag) = rest.split_at(rest.len() - TAG_LEN);
+    let mut plain = ciphertext.to_vec();
+    decrypt_xchacha(key, b"", nonce, &mut plain, tag)?;
+    Ok(plain)
 }
 
-/// Seals the concatenation of `parts` bound to `ad`. With `pad_to`, the plaintext is
-/// first padded to that length with zeros ending in its own length (`u32le`).
-fn seal_ad(key: &[u8; 32], ad: &[u8], parts: &[&[u8]], pad_to: Option<usize>) -> Vec<u8> {
+/// Seals the concatenation of `parts` bound to `ad` into `out`. With `pad_to`, the
+/// plaintext is first padded to that length with zeros ending in its own length (`u32le`).
+fn seal_ad(key: &[u8; 32], ad: &[u8], parts: &[&[u8]], pad_to: Option<usize>, out: &mut Vec<u8>) {
     let cipher = XChaCha20Poly1305::new(Key::from_slice(key));
     let mut nonce = [0u8; NONCE_LEN];
     rand::rngs::OsRng.fill_bytes(&mut nonce);
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let padded = pad_to.unwrap_or(len);
-    let mut out = Vec::with_capacity(padded + SEAL_OVERHEAD);
+    out.clear();
+    out.reserve(padded + SEAL_OVERHEAD);
     out.extend_from_slice(&nonce);
     for p in parts {
         out.extend_from_slice(p);
@@ -453,35 +535,36 @@ fn seal_ad(key: &[u8; 32], ad: &[u8], parts: &[&[u8]], pad_to: Option<usize>) ->
         .encrypt_in_place_detached(XNonce::from_slice(&nonce), ad, &mut out[NONCE_LEN..])
         .expect("XChaCha20-Poly1305 encrypts any length a pack can hold");
     out.extend_from_slice(&tag);
-    out
 }
 
-fn open_ad(key: &[u8; 32], ad: &[u8], sealed: &[u8]) -> Result<Vec<u8>, OpenError> {
-    if sealed.len() < SEAL_OVERHEAD {
+fn decrypt_xchacha(
+    key: &[u8; 32],
+    ad: &[u8],
+    nonce: &[u8],
+    ciphertext: &mut [u8],
+    tag: &[u8],
+) -> Result<(), OpenError> {
+    if nonce.len() != NONCE_LEN || tag.len() != TAG_LEN {
         return Err(OpenError);
     }
-    let cipher = XChaCha20Poly1305::new(Key::from_slice(key));
-    let (nonce, rest) = sealed.split_at(NONCE_LEN);
-    let (ciphertext, tag) = rest.split_at(rest.len() - TAG_LEN);
-    let mut buf = ciphertext.to_vec();
-    cipher
+    XChaCha20Poly1305::new(Key::from_slice(key))
         .decrypt_in_place_detached(
             XNonce::from_slice(nonce),
             ad,
-            &mut buf,
+            ciphertext,
             Tag::from_slice(tag),
         )
-        .map_err(|_| OpenError)?;
-    Ok(buf)
+        .map_err(|_| OpenError)
 }
 
 /// Seals the concatenation of `parts`, padded to `padded` bytes (its length last, as
 /// [`seal_ad`] pads), with AEGIS-256: `nonce || ciphertext || tag`.
-fn seal_aegis(key: &[u8; 32], ad: &[u8], parts: &[&[u8]], padded: usize) -> Vec<u8> {
+fn seal_aegis(key: &[u8; 32], ad: &[u8], parts: &[&[u8]], padded: usize, out: &mut Vec<u8>) {
     let mut nonce = [0u8; AEGIS_NONCE_LEN];
     rand::rngs::OsRng.fill_bytes(&mut nonce);
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    let mut out = Vec::with_capacity(AEGIS_NONCE_LEN + padded + AEGIS_TAG_LEN);
+    out.clear();
+    out.reserve(AEGIS_NONCE_LEN + padded + AEGIS_TAG_LEN);
     out.extend_from_slice(&nonce);
     for p in parts {
         out.extend_from_slice(p);
@@ -491,22 +574,6 @@ fn seal_aegis(key: &[u8; 32], ad: &[u8], parts: &[&[u8]], padded: usize) -> Vec<
     let tag = Aegis256::<AEGIS_TAG_LEN>::new(key, &nonce)
         .encrypt_in_place(&mut out[AEGIS_NONCE_LEN..], ad);
     out.extend_from_slice(&tag);
-    out
-}
-
-fn open_aegis(key: &[u8; 32], ad: &[u8], sealed: &[u8]) -> Result<Vec<u8>, OpenError> {
-    if sealed.len() < AEGIS_NONCE_LEN + AEGIS_TAG_LEN {
-        return Err(OpenError);
-    }
-    let (nonce, rest) = sealed.split_at(AEGIS_NONCE_LEN);
-    let (ciphertext, tag) = rest.split_at(rest.len() - AEGIS_TAG_LEN);
-    let nonce: &[u8; AEGIS_NONCE_LEN] = nonce.try_into().expect("split at the nonce length");
-    let tag: &[u8; AEGIS_TAG_LEN] = tag.try_into().expect("split at the tag length");
-    let mut buf = ciphertext.to_vec();
-    Aegis256::<AEGIS_TAG_LEN>::new(key, nonce)
-        .decrypt_in_place(&mut buf, tag, ad)
-        .map_err(|_| OpenError)?;
-    Ok(buf)
 }
 
 mod b64_option {
@@ -566,9 +633,10 @@ mod tests {
     #[test]
     fn sealed_data_opens_to_the_plaintext_in_both_formats_and_ciphers() {
         for key in every_kind_of_key() {
-            let sealed = key.seal(SNAP, b"hello");
+            let mut sealed = key.seal(SNAP, b"hello");
             assert_eq!(sealed.len(), key.sealed_len(5));
             assert_eq!(key.open(SNAP, &sealed).unwrap(), b"hello");
+            assert_eq!(key.open_in_place(SNAP, &mut sealed).unwrap(), b"hello");
         }
         assert_eq!(MasterKey::generate_for(1).sealed_len(5), 5 + SEAL_OVERHEAD);
         assert_eq!(
@@ -607,6 +675,7 @@ mod tests {
                     key.open(SNAP, &bad).is_err(),
                     "flip at byte {i} went unnoticed"
                 );
+                assert!(key.open_in_place(SNAP, &mut bad).is_err(), "in place, {i}");
             }
             assert!(key.open(SNAP, &sealed[..sealed.len() - 1]).is_err());
             assert!(key.open(SNAP, &sealed[..10]).is_err());

@@ -66,9 +66,25 @@ impl PackWriter {
         }
     }
 
-    /// Appends a blob that is already compressed and sealed. A blob that starts a pack and
-    /// would not fit its buffer becomes the buffer (a large tree is not copied again).
-    pub fn add(&mut self, id: BlobId, kind: BlobKind, sealed: Vec<u8>, raw_length: u32) {
+    /// A writer filling `buf` (emptied first), to reuse the buffer of a stored pack.
+    pub fn with_buffer(mut buf: Vec<u8>) -> Self {
+        buf.clear();
+        PackWriter {
+            buf,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Appends a blob that is already compressed and sealed, and gives back its buffer
+    /// once copied. A blob that starts a pack and would not fit its buffer becomes the
+    /// buffer (a large tree is not copied again).
+    pub fn add(
+        &mut self,
+        id: BlobId,
+        kind: BlobKind,
+        sealed: Vec<u8>,
+        raw_length: u32,
+    ) -> Option<Vec<u8>> {
         self.entries.push(PackEntry {
             id,
             kind,
@@ -78,8 +94,10 @@ impl PackWriter {
         });
         if self.buf.is_empty() && sealed.len() > self.buf.capacity() {
             self.buf = sealed;
+            None
         } else {
             self.buf.extend_from_slice(&sealed);
+            Some(sealed)
         }
     }
 

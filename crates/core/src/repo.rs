@@ -429,12 +429,33 @@ impl Repository {
         loc: &BlobLocation,
         sealed: &[u8],
     ) -> Result<Vec<u8>> {
-        self.unseal_blob(id, loc, sealed)
-            .map_err(|reason| Error::BlobDamaged {
-                id: *id,
-                pack: loc.pack,
-                reason,
-            })
+        let mut buf = sealed.to_vec();
+        self.open_blob_in_place(id, loc, &mut buf)
+            .map(std::borrow::Cow::into_owned)
+    }
+
+    /// [`open_blob`](Self::open_blob) where the sealed bytes lie: they are decrypted in
+    /// place, and a blob stored raw is returned within them, not copied.
+    pub(crate) fn open_blob_in_place<'a>(
+        &self,
+        id: &BlobId,
+        loc: &BlobLocation,
+        sealed: &'a mut [u8],
+    ) -> Result<std::borrow::Cow<'a, [u8]>> {
+        let damaged = |reason: String| Error::BlobDamaged {
+            id: *id,
+            pack: loc.pack,
+            reason,
+        };
+        let tagged = (self.key)
+            .open_in_place(loc.kind.purpose(*id), sealed)
+            .map_err(|e| damaged(e.to_string()))?;
+        let plain = compress::decompress_borrowed(tagged, loc.raw_length as usize)
+            .map_err(|e| damaged(e.to_string()))?;
+        if self.key.blob_id(&plain) != *id {
+            return Err(damaged("its content does not match its id".into()));
+        }
+        Ok(plain)
     }
 
     /// A blob's sealed bytes from the window of its pack around it, on a remote store;
@@ -463,23 +484,6 @@ impl Repository {
         window.get(span.within).map(<[u8]>::to_vec)
     }
 
-    fn unseal_blob(
-        &self,
-        id: &BlobId,
-        loc: &BlobLocation,
-        sealed: &[u8],
-    ) -> std::result::Result<Vec<u8>, String> {
-        let tagged = (self.key)
-            .open(loc.kind.purpose(*id), sealed)
-            .map_err(|e| e.to_string())?;
-        let plain =
-            compress::decompress(&tagged, loc.raw_length as usize).map_err(|e| e.to_string())?;
-        if self.key.blob_id(&plain) != *id {
-            return Err("its content does not match its id".into());
-        }
-        Ok(plain)
-    }
-
     /// A tree blob's plaintext, from the cache when it holds a verified copy.
     fn read_tree_bytes(&self, id: &BlobId) -> Result<Vec<u8>> {
         let Some(cache) = &self.cache else {
@@ -491,7 +495,7 @@ impl Repository {
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
         if let Some(sealed) = cache.tree(&hex) {
-            match self.unseal_blob(id, &loc, &sealed) {
+            match self.open_blob(id, &loc, &sealed) {
                 Ok(plain) => return Ok(plain),
                 Err(_) => cache.remove_tree(&hex),
             }
@@ -540,7 +544,7 @@ impl Repository {
                 continue;
             };
             // Damaged trees are left out; the caller's own read reports them.
-            if let Ok(plain) = self.unseal_blob(tid, l, sealed) {
+            if let Ok(plain) = self.open_blob(tid, l, sealed) {
                 cache.put_tree(&tid.to_string(), sealed);
                 if tid == id {
                     found = Some(plain);

@@ -128,7 +128,7 @@ fn compare_sizes(g: &GlobalArgs, paths: &[PathBuf], sizes: &[ChunkerParams]) -> 
                 if seen.insert(*blake3::hash(c.data).as_bytes()) {
                     row.unique_chunks += 1;
                     row.unique_bytes += len;
-                    row.compressed_bytes += compressor.compress(c.data).len() as u64;
+                    row.compressed_bytes += compressor.compress(c.data).tagged_len() as u64;
                 }
             }
             buffer = chunker.into_buffer();

@@ -270,8 +270,8 @@ struct FileState {
 
 #[derive(Default)]
 struct Slot {
-    /// The temporary file, while open.
-    file: Option<File>,
+    /// The temporary file, while open; shared with the threads writing parts of it.
+    file: Option<Arc<File>>,
     created: bool,
     /// The file is unnamed (`O_TMPFILE`): it must stay open until it is linked.
     unnamed: bool,
@@ -329,50 +329,51 @@ impl Batch<'_> {
         };
         let start = u64::from(first.loc.offset);
         let end = u64::from(last.loc.offset) + u64::from(last.loc.length);
-        let bytes = match self
-            .repo
-            .storage()
-            .read_range(&pack.storage_name(), start, end - start)
-        {
-            Ok(bytes) => {
-                self.bytes_read
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                bytes
-            }
-            // A pack cut short or damaged in one place still holds other blobs whole:
-            // read them one at a time, and each fails or not on its own.
-            Err(_) if blobs.len() > 1 => {
-                for blob in blobs {
-                    self.read_run(pack, std::slice::from_ref(blob));
+        let mut bytes =
+            match self
+                .repo
+                .storage()
+                .read_range(&pack.storage_name(), start, end - start)
+            {
+                Ok(bytes) => {
+                    self.bytes_read
+                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                    bytes
                 }
-                return;
-            }
-            Err(e) => {
-                let e = crate::error::Error::from(e);
-                self.write_blob(first, Err(not_restored(&e)));
-                return;
-            }
-        };
+                // A pack cut short or damaged in one place still holds other blobs whole:
+                // read them one at a time, and each fails or not on its own.
+                Err(_) if blobs.len() > 1 => {
+                    for blob in blobs {
+                        self.read_run(pack, std::slice::from_ref(blob));
+                    }
+                    return;
+                }
+                Err(e) => {
+                    let e = crate::error::Error::from(e);
+                    self.write_blob(first, Err(&not_restored(&e)));
+                    return;
+                }
+            };
         for blob in blobs {
             let at = (u64::from(blob.loc.offset) - start) as usize;
-            let sealed = &bytes[at..at + blob.loc.length as usize];
+            let sealed = &mut bytes[at..at + blob.loc.length as usize];
             let plain = self
                 .repo
-                .open_blob(&blob.id, &blob.loc, sealed)
+                .open_blob_in_place(&blob.id, &blob.loc, sealed)
                 .map_err(|e| not_restored(&e));
-            self.write_blob(blob, plain);
+            self.write_blob(blob, plain.as_deref().map_err(String::as_str));
         }
     }
 
     /// Writes a blob's plaintext (or its failure) to every place the batch needs it.
-    fn write_blob(&self, blob: &BlobPlan, plain: Result<Vec<u8>, String>) {
+    fn write_blob(&self, blob: &BlobPlan, plain: Result<&[u8], &str>) {
         for t in &blob.targets {
             let file = t.file as usize;
             let data = match &plain {
                 Ok(plain) => plain
                     .get(t.from as usize..(t.from as usize + t.len as usize))
                     .ok_or_else(|| format!("content reference outside blob {}", blob.id)),
-                Err(e) => Err(e.clone()),
+                Err(e) => Err(e.to_string()),
             };
             if let Err(e) = data.and_then(|data| self.write_part(file, t.at, data)) {
                 self.fail(file, e);
@@ -387,21 +388,28 @@ impl Batch<'_> {
 
     fn write_part(&self, i: usize, at: u64, data: &[u8]) -> Result<(), String> {
         let state = &self.files[i];
-        let mut slot = state.lock();
-        if slot.error.is_some() {
-            return Ok(());
-        }
-        if slot.file.is_none() {
-            let (file, unnamed) = open_tmp(&state.job, !slot.created, self.opts.verify)?;
-            slot.created = true;
-            slot.unnamed = unnamed;
-            slot.file = Some(file);
-            self.open_files.fetch_add(1, Ordering::Relaxed);
-        }
-        let Some(file) = slot.file.as_ref() else {
-            unreachable!("opened above")
+        let file = {
+            let mut slot = state.lock();
+            if slot.error.is_some() {
+                return Ok(());
+            }
+            if slot.file.is_none() {
+                let (file, unnamed) = open_tmp(&state.job, !slot.created, self.opts.verify)?;
+                slot.created = true;
+                slot.unnamed = unnamed;
+                slot.file = Some(Arc::new(file));
+                self.open_files.fetch_add(1, Ordering::Relaxed);
+            }
+            let Some(file) = slot.file.as_ref() else {
+                unreachable!("opened above")
+            };
+            Arc::clone(file)
         };
-        let end = write_sparse_at(file, data, at).map_err(|e| e.to_string())?;
+        // Outside the lock: the threads write their ranges of one large file at once
+        // (pwrite at distinct offsets), not in turn.
+        let end = write_sparse_at(&file, data, at).map_err(|e| e.to_string())?;
+        drop(file);
+        let mut slot = state.lock();
         slot.end = slot.end.max(end);
         // Hashing costs a tenth of a restore's CPU time: only for `verify`.
         if self.opts.verify {
@@ -432,7 +440,12 @@ impl Batch<'_> {
             if file.is_some() {
                 self.open_files.fetch_sub(1, Ordering::Relaxed);
             }
-            let file = file.map(|f| (f, slot.unnamed));
+            // Every part is written, so every other handle is gone (were one not, a
+            // second descriptor of the same open file does as well).
+            let file = file.map(|f| {
+                let file = Arc::try_unwrap(f).or_else(|shared| shared.try_clone());
+                file.map(|f| (f, slot.unnamed)).map_err(|e| e.to_string())
+            });
             (file, slot.created, slot.error.take(), slot.digest, slot.end)
         };
         let job = &state.job;
@@ -445,7 +458,7 @@ impl Batch<'_> {
                 Err(e)
             }
             // Closed after its last part to keep few files open, or never opened (empty).
-            None => match file.map_or_else(|| open_tmp(job, !created, self.opts.verify), Ok) {
+            None => match file.unwrap_or_else(|| open_tmp(job, !created, self.opts.verify)) {
                 Ok((file, unnamed)) => complete(file, unnamed, job, self.opts, &digest, end),
                 Err(e) => Err(e),
             },
