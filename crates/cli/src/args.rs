@@ -89,7 +89,7 @@ pub enum Command {
     /// Back up files and directories
     Backup(BackupArgs),
     /// List snapshots
-    Snapshots,
+    Snapshots(SnapshotsArgs),
     /// List the files in a snapshot
     Ls(LsArgs),
     /// Print a file from a snapshot to standard output
@@ -125,6 +125,37 @@ pub enum Command {
     /// Manage the repository's keys: several passwords, rotation after a leak
     #[command(subcommand)]
     Key(KeyCommand),
+}
+
+/// `--host`, `--tag`, `--path`: which snapshots a command considers, and so which one
+/// `latest` is (the newest of those selected).
+#[derive(Debug, Args, Clone, Default)]
+#[command(next_help_heading = "Snapshot filters")]
+pub struct FilterArgs {
+    /// Only snapshots of this host (repeatable: any of them)
+    #[arg(long = "host", value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// Only snapshots with this tag; `a,b` means both (repeatable: any of them)
+    #[arg(long = "tag", value_name = "TAG[,TAG...]")]
+    pub tags: Vec<String>,
+    /// Only snapshots that include this path (repeatable: all of them)
+    #[arg(long = "path", value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotsArgs {
+    /// Show only the newest N snapshots of each group (by default of each host and paths)
+    #[arg(long, value_name = "N")]
+    pub latest: Option<usize>,
+    /// Group snapshots by these fields: host, paths, tags (comma-separated)
+    #[arg(long, value_name = "FIELDS")]
+    pub group_by: Option<String>,
+    /// One short line per snapshot: id, time, host, tags
+    #[arg(long, short = 'c')]
+    pub compact: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -266,6 +297,8 @@ pub struct ForgetArgs {
     /// With --prune: repack packs with more unused space than this percentage
     #[arg(long, default_value_t = 5.0, value_name = "PERCENT")]
     pub max_unused: f64,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -324,6 +357,9 @@ pub struct CopyArgs {
     pub snapshots: Vec<String>,
     #[command(flatten)]
     pub from: FromRepoArgs,
+    /// Which snapshots of the other repository to copy, and which is `latest`
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -374,8 +410,8 @@ pub struct BackupArgs {
     /// Leave out files larger than SIZE (e.g. 100M)
     #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
     pub exclude_larger_than: Option<u64>,
-    /// Tag the snapshot (repeatable)
-    #[arg(long = "tag")]
+    /// Tag the snapshot (repeatable, or comma-separated: `--tag a,b` gives two tags)
+    #[arg(long = "tag", value_delimiter = ',')]
     pub tags: Vec<String>,
     /// Host name to record (default: this machine's)
     #[arg(long)]
@@ -409,11 +445,16 @@ pub struct BackupArgs {
 pub struct LsArgs {
     /// Snapshot id, unique prefix, or `latest`
     pub snapshot: String,
-    /// List only below this path
+    /// The directory to list (default `/`), or a file
     pub path: Option<OsString>,
     /// Long format: mode, owner, group, size, time
     #[arg(short, long)]
     pub long: bool,
+    /// List everything below the path, not just its entries
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -422,6 +463,8 @@ pub struct CatArgs {
     pub snapshot: String,
     /// Absolute path of a file in the snapshot
     pub path: OsString,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -445,6 +488,8 @@ pub struct DiffArgs {
     /// Also print a unified diff of each modified text file (reads both versions)
     #[arg(long)]
     pub content: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -470,6 +515,8 @@ pub struct FindArgs {
     /// c (char device), b (block device); repeatable
     #[arg(short = 't', long = "type", value_name = "TYPE", value_parser = parse_type)]
     pub types: Vec<&'static str>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -485,6 +532,8 @@ pub struct DumpArgs {
     /// Write to this file instead of standard output
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -497,6 +546,8 @@ pub enum ArchiveFormat {
 pub struct MountArgs {
     /// An empty directory to mount on
     pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -534,6 +585,8 @@ pub struct RestoreArgs {
     /// use this for a snapshot you do not trust or a tree another user owns
     #[arg(long)]
     pub no_setuid: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]

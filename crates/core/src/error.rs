@@ -95,6 +95,10 @@ pub enum Error {
     #[error("No snapshot matches {spec:?}; `cairn snapshots` lists them")]
     SnapshotNotFound { spec: String },
 
+    /// `latest` with `--host`/`--tag`/`--path` that no snapshot matches.
+    #[error("No snapshot matches {filter}; `cairn snapshots` lists them all")]
+    NoSnapshotMatches { filter: String },
+
     #[error("Snapshot id {spec:?} is ambiguous: it matches {}; give more digits", candidates.join(", "))]
     SnapshotAmbiguous {
         spec: String,

@@ -155,8 +155,13 @@ fn print(g: &GlobalArgs, r: &BackupReport) -> Result<()> {
     writeln!(out, "snapshot {} saved", r.snapshot_id.short())?;
     if !s.errors.is_empty() {
         eprintln!(
-            "warning: {} path(s) could not be backed up (listed above); they are not in this snapshot",
-            s.errors.len()
+            "warning: {} could not be backed up (listed above); {} not in this snapshot",
+            output::count(s.errors.len() as u64, "path", "paths"),
+            if s.errors.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            }
         );
     }
     Ok(())

@@ -21,10 +21,11 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
     };
     let spec = std::str::from_utf8(spec)
         .map_err(|_| anyhow::anyhow!("{:?} is not a snapshot id", a.snapshot))?;
+    let filter = super::snapshot_filter(&a.filter)?;
     let repo = context::open(g)?;
     // From here on, Ctrl-C stops cleanly instead of leaving files behind.
     crate::signals::install();
-    let (id, snapshot) = repo.find_snapshot(spec)?;
+    let (id, snapshot) = cairn_core::ops::select::find_snapshot(&repo, spec, &filter)?;
     let opts = RestoreOptions {
         target: a.target.clone(),
         subpath,
@@ -85,18 +86,45 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         output::json(&v)?;
     } else if !g.quiet {
         println!(
-            "Restored snapshot {} to {}: {} files written ({}), {} dirs, {} links and special files{}{}{}{}{} in {}",
+            "Restored snapshot {} to {}: {} written ({}), {}, {}{}{}{}{}{} in {}",
             id.short(),
             a.target.display(),
-            stats.files_restored,
+            output::count(stats.files_restored, "file", "files"),
             output::size(stats.bytes_restored),
-            stats.dirs_restored,
-            stats.others_restored + stats.hardlinks_restored,
-            if stats.unchanged > 0 { format!(", {} unchanged", stats.unchanged) } else { String::new() },
-            if stats.files_skipped > 0 { format!(", {} existing kept", stats.files_skipped) } else { String::new() },
-            if a.delete { format!(", {} deleted", stats.deleted) } else { String::new() },
-            if stats.temp_files_removed > 0 { format!(", {} leftover temporary files removed", stats.temp_files_removed) } else { String::new() },
-            if a.verify { format!(", {} verified", stats.files_verified) } else { String::new() },
+            output::count(stats.dirs_restored, "dir", "dirs"),
+            output::count(
+                stats.others_restored + stats.hardlinks_restored,
+                "link or special file",
+                "links and special files"
+            ),
+            if stats.unchanged > 0 {
+                format!(", {} unchanged", stats.unchanged)
+            } else {
+                String::new()
+            },
+            if stats.files_skipped > 0 {
+                format!(", {} existing kept", stats.files_skipped)
+            } else {
+                String::new()
+            },
+            if a.delete {
+                format!(", {} deleted", stats.deleted)
+            } else {
+                String::new()
+            },
+            if stats.temp_files_removed > 0 {
+                format!(
+                    ", {} leftover temporary files removed",
+                    stats.temp_files_removed
+                )
+            } else {
+                String::new()
+            },
+            if a.verify {
+                format!(", {} verified", stats.files_verified)
+            } else {
+                String::new()
+            },
             output::seconds(stats.duration_ms),
         );
     }
@@ -104,8 +132,8 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         Ok(0)
     } else {
         eprintln!(
-            "error: {} path(s) could not be restored (listed above); everything else was",
-            stats.errors.len()
+            "error: {} could not be restored (listed above); everything else was",
+            output::count(stats.errors.len() as u64, "path", "paths")
         );
         Ok(1)
     }

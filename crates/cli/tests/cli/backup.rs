@@ -378,7 +378,11 @@ fn stdin_is_stored_as_one_file_with_the_given_name() {
         .unwrap();
     assert_success(&out, "cairn backup --stdin");
 
-    let out = env.cmd().args(["ls", "--json", "latest"]).output().unwrap();
+    let out = env
+        .cmd()
+        .args(["ls", "--json", "-R", "latest"])
+        .output()
+        .unwrap();
     assert_success(&out, "cairn ls --json latest");
     let entries = parse_json(&out.stdout, "cairn ls --json");
     let path = entries

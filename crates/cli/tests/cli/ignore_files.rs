@@ -9,7 +9,11 @@ use crate::common::*;
 
 /// Paths in the latest snapshot below `src`, relative to it, with a trailing `/` on dirs.
 fn snapshot_paths(env: &TestEnv, src: &Path) -> BTreeSet<String> {
-    let out = env.cmd().args(["ls", "--json", "latest"]).output().unwrap();
+    let out = env
+        .cmd()
+        .args(["ls", "--json", "-R", "latest"])
+        .output()
+        .unwrap();
     assert_success(&out, "cairn ls --json latest");
     let v = parse_json(&out.stdout, "cairn ls --json");
     let prefix = format!("{}/", src.display());
