@@ -392,7 +392,9 @@ pub struct BackupArgs {
     /// Files and directories to back up
     #[arg(required_unless_present = "stdin")]
     pub paths: Vec<PathBuf>,
-    /// Leave out what matches GLOB (a name anywhere, or an absolute path if it has a '/')
+    /// Leave out what matches GLOB: without '/', a name anywhere; with '/', the end of
+    /// the path (`py/test` leaves out /data/py/test), or from the root if it starts with
+    /// '/'; `*` stays within a name, `**` spans directories (repeatable)
     #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
     pub excludes: Vec<String>,
     /// Read exclude patterns from FILE, one per line

@@ -51,6 +51,13 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
         backup::backup(&mut repo, &opts, &monitor)?
     };
     monitor.finish();
+    for pattern in &report.excludes_unmatched {
+        eprintln!(
+            "warning: exclude pattern {} matched nothing (with a '/', a pattern matches the \
+             end of a path, or from the root if it starts with '/')",
+            output::message(&format!("{pattern:?}"))
+        );
+    }
     for problem in repo.index_problems() {
         eprintln!(
             "warning: {}",

@@ -179,3 +179,17 @@ fn forget_and_copy_act_only_on_the_selected_snapshots() {
     assert_eq!(copy("alpha")["copied"].as_array().unwrap().len(), 0);
     assert_eq!(copy("beta")["copied"].as_array().unwrap().len(), 1);
 }
+
+/// r21.5: `--tag a,b` made one tag "a,b", and `forget --keep-tag a` then removed it.
+#[test]
+fn backup_tags_split_on_commas() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("f"), b"f");
+    env.backup(&[&src], &["--tag", "a,b", "--tag", "c"]);
+    let tags = &env.snapshots()[0]["tags"];
+    assert_eq!(tags, &serde_json::json!(["a", "b", "c"]));
+    env.backup(&[&src], &[]);
+    run(&env, &["forget", "--keep-tag", "a"]);
+    assert_eq!(env.snapshots().len(), 1, "the tagged snapshot is kept");
+}
