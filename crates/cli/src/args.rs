@@ -575,9 +575,19 @@ pub struct RestoreArgs {
     #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
     pub excludes: Vec<String>,
     /// Make the target match: remove what the snapshot (as filtered) does not hold, in
-    /// the directories restored; implies --overwrite if-changed unless one is given
+    /// the directories restored; implies --overwrite if-changed unless one is given.
+    /// Refuses a target that holds nothing the snapshot holds, unless --force
     #[arg(long)]
     pub delete: bool,
+    /// With --delete: delete even in a target that shares nothing with the snapshot
+    #[arg(long, requires = "delete")]
+    pub force: bool,
+    /// Change nothing: say what would be written, kept and deleted (each path with -v)
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// List every path written (with --dry-run: written, kept, unchanged) or deleted
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Make no FIFOs or device nodes (sockets are never made); each one left out is
     /// listed. Without root, device nodes cannot be made anyway: each is an error
     #[arg(long)]

@@ -134,6 +134,16 @@ pub enum Error {
     )]
     TargetNotEmpty { target: PathBuf },
 
+    /// `--delete` into a target none of whose entries the snapshot holds: most likely a
+    /// mistyped `--target`, which would be emptied.
+    #[error(
+        "Target directory {} holds nothing that the restored snapshot holds, so --delete \
+         would remove everything in it; check --target (restore --dry-run -v lists what \
+         would happen), or pass --force to delete anyway",
+        target.display()
+    )]
+    TargetUnrelated { target: PathBuf },
+
     #[error(
         "Pattern {pattern:?} on line {line} of {} does not parse: {reason}; fix or remove it",
         file.display()

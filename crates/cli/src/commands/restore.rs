@@ -1,9 +1,12 @@
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
+use cairn_core::id::SnapshotId;
 use cairn_core::ops::browse::{self, Entry};
 use cairn_core::ops::restore::{self, Overwrite, RestoreOptions};
+use cairn_core::ops::restore_plan::{self, Action};
 use cairn_core::repo::Repository;
 use cairn_core::snapshot::Snapshot;
 use cairn_core::tree::NodeKind;
@@ -44,9 +47,13 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         includes: a.includes.clone(),
         excludes: a.excludes.clone(),
         delete: a.delete,
+        force: a.force,
         no_special_files: a.no_special_files,
         no_setuid: a.no_setuid,
     };
+    if a.dry_run {
+        return dry_run(g, &a, &repo, id, &snapshot, &opts);
+    }
     let monitor = Progress::files(g, "restore");
     let counting = AtomicBool::new(true);
     let stats = std::thread::scope(|scope| {
@@ -73,6 +80,11 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         eprintln!("warning: {w}");
     }
     if !g.json {
+        if a.verbose {
+            for path in &stats.deleted_paths {
+                eprintln!("deleted {}", output::name(path.as_bytes()));
+            }
+        }
         for s in &stats.specials_skipped {
             eprintln!("not restored ({}): {}", s.kind, s.path);
         }
@@ -137,6 +149,58 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         );
         Ok(1)
     }
+}
+
+/// `--dry-run`: the plan, each path with `-v`, and its counts.
+fn dry_run(
+    g: &GlobalArgs,
+    a: &RestoreArgs,
+    repo: &Repository,
+    id: SnapshotId,
+    snapshot: &Snapshot,
+    opts: &RestoreOptions,
+) -> Result<u8> {
+    let plan = restore_plan::plan(repo, snapshot, opts)?;
+    // (action, JSON key, text)
+    let counts = [
+        (Action::Write, "write", "to write"),
+        (Action::Unchanged, "unchanged", "unchanged"),
+        (Action::Keep, "keep", "to keep as they are"),
+        (Action::Delete, "delete", "to delete"),
+    ];
+    if g.json {
+        let mut v = serde_json::to_value(&plan)?;
+        v["snapshot_id"] = id.to_hex().into();
+        v["dry_run"] = true.into();
+        for (action, key, _) in counts {
+            v[key] = plan.count(action).into();
+        }
+        output::json(&v)?;
+        return Ok(0);
+    }
+    if a.verbose {
+        let mut out = std::io::stdout().lock();
+        for e in &plan.entries {
+            let verb = match e.action {
+                Action::Write => "write",
+                Action::Unchanged => "unchanged",
+                Action::Keep => "keep",
+                Action::Delete => "delete",
+            };
+            writeln!(out, "{verb:<9} {}", output::name(e.path.as_bytes()))?;
+        }
+    }
+    let summary: Vec<String> = counts
+        .iter()
+        .map(|(action, _, text)| format!("{} {text}", plan.count(*action)))
+        .collect();
+    println!(
+        "Dry run of snapshot {} to {}: {}; nothing was changed",
+        id.short(),
+        a.target.display(),
+        summary.join(", ")
+    );
+    Ok(0)
 }
 
 /// The progress totals of a restore of `SNAPSHOT:PATH`, from its trees, while the restore
