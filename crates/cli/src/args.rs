@@ -8,12 +8,30 @@ use cairn_core::chunker::ChunkerParams;
 use cairn_core::ops::find::SizeFilter;
 use clap::{Args, Parser, Subcommand};
 
+/// Shown after every command's help: what the options do not say.
+const AFTER_HELP: &str = "\
+Environment:
+  CAIRN_REPOSITORY          the repository, as -r/--repo
+  CAIRN_PASSWORD            the repository password
+  CAIRN_PASSWORD_FILE       as --password-file
+  CAIRN_PASSWORD_COMMAND    as --password-command
+  CAIRN_CACHE_DIR           as --cache-dir
+  CAIRN_FROM_REPOSITORY, CAIRN_FROM_PASSWORD_FILE, CAIRN_FROM_PASSWORD_COMMAND
+                            the other repository of copy and init --copy-chunker-params
+  CAIRN_RETRIES             retries of a failed S3/SFTP request (default 6)
+  CAIRN_S3_ALLOW_HTTP=1     allow s3:http:// to a host that is not a loopback address
+  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION   S3 credentials
+
+Exit codes: 0 success; 1 error; 2 usage error (bad options); 3 backup done but some
+files could not be read (listed); 130 interrupted (Ctrl-C).";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "cairn",
     version,
     about = "Fast, deduplicating, compressed, encrypted backups",
-    propagate_version = true
+    propagate_version = true,
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -30,7 +48,9 @@ impl Cli {
     /// config file.
     pub fn parse_args() -> Cli {
         use clap::{CommandFactory, FromArgMatches};
-        let matches = Cli::command().get_matches();
+        let matches = Cli::command()
+            .mut_subcommands(|c| c.after_help(AFTER_HELP))
+            .get_matches();
         // Not `from_arg_matches_mut`, which takes the values (and their sources) out.
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         if let Command::Config(ConfigCommand::Repo(RepoCommand::Add(add))) = &mut cli.command {
@@ -54,6 +74,7 @@ impl Cli {
 
 /// Options every command takes, before or after its name.
 #[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
     /// Repository address, or @NAME from the config file (default: the config file's
     /// default, else $XDG_DATA_HOME/cairn/default, created on first backup)
@@ -370,14 +391,14 @@ pub struct InitArgs {
     pub copy_chunker_params: bool,
     #[command(flatten)]
     pub from: FromRepoArgs,
-    /// Smallest chunk (e.g. 512K)
-    #[arg(long, value_parser = parse_size)]
+    /// Smallest chunk (default: half the average, e.g. 512K)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub chunk_min: Option<u32>,
-    /// Average chunk (e.g. 1M)
-    #[arg(long, value_parser = parse_size)]
+    /// Average chunk (default 1M; e.g. 64K for small, often edited files)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub chunk_avg: Option<u32>,
-    /// Largest chunk (e.g. 8M)
-    #[arg(long, value_parser = parse_size)]
+    /// Largest chunk (default: eight times the average, e.g. 8M)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub chunk_max: Option<u32>,
     /// zstd, zstd:LEVEL (1-22), lz4 or none
     #[arg(long, default_value = "zstd:3")]
@@ -624,12 +645,37 @@ pub struct ChunkArgs {
         conflicts_with_all = ["min", "avg", "max"],
     )]
     pub sizes: Vec<ChunkerParams>,
-    #[arg(long, value_parser = parse_size)]
+    /// Smallest chunk (default: half the average)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub min: Option<u32>,
-    #[arg(long, value_parser = parse_size)]
+    /// Average chunk (default: the repository default, 1M)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub avg: Option<u32>,
-    #[arg(long, value_parser = parse_size)]
+    /// Largest chunk (default: eight times the average)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max: Option<u32>,
+}
+
+/// Chunk sizes from `--min/--avg/--max` (or `--chunk-*`): limits not given follow the
+/// average as `--sizes` derives them (avg/2, avg*8), or are the defaults without one, so
+/// `--avg 64K` alone is valid.
+pub fn chunker_params(
+    min: Option<u32>,
+    avg: Option<u32>,
+    max: Option<u32>,
+) -> Result<ChunkerParams, cairn_core::chunker::ParamsError> {
+    let base = match avg {
+        Some(avg) => ChunkerParams::for_average(avg).unwrap_or(ChunkerParams {
+            avg_size: avg,
+            ..ChunkerParams::DEFAULT
+        }),
+        None => ChunkerParams::DEFAULT,
+    };
+    ChunkerParams::new(
+        min.unwrap_or(base.min_size),
+        base.avg_size,
+        max.unwrap_or(base.max_size),
+    )
 }
 
 /// An average chunk size for `chunk --sizes`, with the limits derived from it.
