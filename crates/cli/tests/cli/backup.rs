@@ -328,13 +328,16 @@ fn an_exclude_with_a_slash_matches_the_absolute_path() {
 }
 
 #[test]
-fn a_relative_looking_pattern_with_a_slash_does_not_match_by_name() {
-    // "sub/skip.tmp" has a slash, so it is matched against the absolute path and
-    // matches nothing here.
-    let env = TestEnv::with_repo();
-    let src = exclude_tree(&env);
-    env.backup(&[&src], &["--exclude", "sub/skip.tmp"]);
-    assert!(restored_file_set(&env, &src).contains("sub/skip.tmp"));
+fn a_relative_pattern_with_a_slash_matches_the_end_of_the_path_and_a_leading_slash_anchors() {
+    // As restic: "sub/skip.tmp" matches .../src/sub/skip.tmp; "/sub/skip.tmp" only a
+    // top-level /sub, which is not there.
+    for (pattern, kept) in [("sub/skip.tmp", false), ("/sub/skip.tmp", true)] {
+        let env = TestEnv::with_repo();
+        let src = exclude_tree(&env);
+        env.backup(&[&src], &["--exclude", pattern]);
+        let files = restored_file_set(&env, &src);
+        assert_eq!(files.contains("sub/skip.tmp"), kept, "{pattern}: {files:?}");
+    }
 }
 
 #[test]
