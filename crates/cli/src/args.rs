@@ -8,12 +8,30 @@ use cairn_core::chunker::ChunkerParams;
 use cairn_core::ops::find::SizeFilter;
 use clap::{Args, Parser, Subcommand};
 
+/// Shown after every command's help: what the options do not say.
+const AFTER_HELP: &str = "\
+Environment:
+  CAIRN_REPOSITORY          the repository, as -r/--repo
+  CAIRN_PASSWORD            the repository password
+  CAIRN_PASSWORD_FILE       as --password-file
+  CAIRN_PASSWORD_COMMAND    as --password-command
+  CAIRN_CACHE_DIR           as --cache-dir
+  CAIRN_FROM_REPOSITORY, CAIRN_FROM_PASSWORD_FILE, CAIRN_FROM_PASSWORD_COMMAND
+                            the other repository of copy and init --copy-chunker-params
+  CAIRN_RETRIES             retries of a failed S3/SFTP request (default 6)
+  CAIRN_S3_ALLOW_HTTP=1     allow s3:http:// to a host that is not a loopback address
+  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION   S3 credentials
+
+Exit codes: 0 success; 1 error; 2 usage error (bad options); 3 backup done but some
+files could not be read (listed); 130 interrupted (Ctrl-C).";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "cairn",
     version,
     about = "Fast, deduplicating, compressed, encrypted backups",
-    propagate_version = true
+    propagate_version = true,
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -30,7 +48,9 @@ impl Cli {
     /// config file.
     pub fn parse_args() -> Cli {
         use clap::{CommandFactory, FromArgMatches};
-        let matches = Cli::command().get_matches();
+        let matches = Cli::command()
+            .mut_subcommands(|c| c.after_help(AFTER_HELP))
+            .get_matches();
         // Not `from_arg_matches_mut`, which takes the values (and their sources) out.
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         if let Command::Config(ConfigCommand::Repo(RepoCommand::Add(add))) = &mut cli.command {
@@ -54,6 +74,7 @@ impl Cli {
 
 /// Options every command takes, before or after its name.
 #[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
     /// Repository address, or @NAME from the config file (default: the config file's
     /// default, else $XDG_DATA_HOME/cairn/default, created on first backup)
@@ -89,7 +110,7 @@ pub enum Command {
     /// Back up files and directories
     Backup(BackupArgs),
     /// List snapshots
-    Snapshots,
+    Snapshots(SnapshotsArgs),
     /// List the files in a snapshot
     Ls(LsArgs),
     /// Print a file from a snapshot to standard output
@@ -125,6 +146,37 @@ pub enum Command {
     /// Manage the repository's keys: several passwords, rotation after a leak
     #[command(subcommand)]
     Key(KeyCommand),
+}
+
+/// `--host`, `--tag`, `--path`: which snapshots a command considers, and so which one
+/// `latest` is (the newest of those selected).
+#[derive(Debug, Args, Clone, Default)]
+#[command(next_help_heading = "Snapshot filters")]
+pub struct FilterArgs {
+    /// Only snapshots of this host (repeatable: any of them)
+    #[arg(long = "host", value_name = "HOST")]
+    pub hosts: Vec<String>,
+    /// Only snapshots with this tag; `a,b` means both (repeatable: any of them)
+    #[arg(long = "tag", value_name = "TAG[,TAG...]")]
+    pub tags: Vec<String>,
+    /// Only snapshots that include this path (repeatable: all of them)
+    #[arg(long = "path", value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotsArgs {
+    /// Show only the newest N snapshots of each group (by default of each host and paths)
+    #[arg(long, value_name = "N")]
+    pub latest: Option<usize>,
+    /// Group snapshots by these fields: host, paths, tags (comma-separated)
+    #[arg(long, value_name = "FIELDS")]
+    pub group_by: Option<String>,
+    /// One short line per snapshot: id, time, host, tags
+    #[arg(long, short = 'c')]
+    pub compact: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -266,6 +318,8 @@ pub struct ForgetArgs {
     /// With --prune: repack packs with more unused space than this percentage
     #[arg(long, default_value_t = 5.0, value_name = "PERCENT")]
     pub max_unused: f64,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -324,6 +378,9 @@ pub struct CopyArgs {
     pub snapshots: Vec<String>,
     #[command(flatten)]
     pub from: FromRepoArgs,
+    /// Which snapshots of the other repository to copy, and which is `latest`
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -334,14 +391,14 @@ pub struct InitArgs {
     pub copy_chunker_params: bool,
     #[command(flatten)]
     pub from: FromRepoArgs,
-    /// Smallest chunk (e.g. 512K)
-    #[arg(long, value_parser = parse_size)]
+    /// Smallest chunk (default: half the average, e.g. 512K)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub chunk_min: Option<u32>,
-    /// Average chunk (e.g. 1M)
-    #[arg(long, value_parser = parse_size)]
+    /// Average chunk (default 1M; e.g. 64K for small, often edited files)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub chunk_avg: Option<u32>,
-    /// Largest chunk (e.g. 8M)
-    #[arg(long, value_parser = parse_size)]
+    /// Largest chunk (default: eight times the average, e.g. 8M)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub chunk_max: Option<u32>,
     /// zstd, zstd:LEVEL (1-22), lz4 or none
     #[arg(long, default_value = "zstd:3")]
@@ -360,7 +417,9 @@ pub struct BackupArgs {
     /// Files and directories to back up
     #[arg(required_unless_present = "stdin")]
     pub paths: Vec<PathBuf>,
-    /// Leave out what matches GLOB (a name anywhere, or an absolute path if it has a '/')
+    /// Leave out what matches GLOB: without '/', a name anywhere; with '/', the end of
+    /// the path (`py/test` leaves out /data/py/test), or from the root if it starts with
+    /// '/'; `*` stays within a name, `**` spans directories (repeatable)
     #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
     pub excludes: Vec<String>,
     /// Read exclude patterns from FILE, one per line
@@ -378,8 +437,8 @@ pub struct BackupArgs {
     /// Leave out files larger than SIZE (e.g. 100M)
     #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
     pub exclude_larger_than: Option<u64>,
-    /// Tag the snapshot (repeatable)
-    #[arg(long = "tag")]
+    /// Tag the snapshot (repeatable, or comma-separated: `--tag a,b` gives two tags)
+    #[arg(long = "tag", value_delimiter = ',')]
     pub tags: Vec<String>,
     /// Host name to record (default: this machine's)
     #[arg(long)]
@@ -413,11 +472,16 @@ pub struct BackupArgs {
 pub struct LsArgs {
     /// Snapshot id, unique prefix, or `latest`
     pub snapshot: String,
-    /// List only below this path
+    /// The directory to list (default `/`), or a file
     pub path: Option<OsString>,
     /// Long format: mode, owner, group, size, time
     #[arg(short, long)]
     pub long: bool,
+    /// List everything below the path, not just its entries
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -426,6 +490,8 @@ pub struct CatArgs {
     pub snapshot: String,
     /// Absolute path of a file in the snapshot
     pub path: OsString,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -449,6 +515,8 @@ pub struct DiffArgs {
     /// Also print a unified diff of each modified text file (reads both versions)
     #[arg(long)]
     pub content: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -474,6 +542,8 @@ pub struct FindArgs {
     /// c (char device), b (block device); repeatable
     #[arg(short = 't', long = "type", value_name = "TYPE", value_parser = parse_type)]
     pub types: Vec<&'static str>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -489,6 +559,8 @@ pub struct DumpArgs {
     /// Write to this file instead of standard output
     #[arg(short, long)]
     pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -501,6 +573,8 @@ pub enum ArchiveFormat {
 pub struct MountArgs {
     /// An empty directory to mount on
     pub mountpoint: PathBuf,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Args)]
@@ -526,9 +600,19 @@ pub struct RestoreArgs {
     #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
     pub excludes: Vec<String>,
     /// Make the target match: remove what the snapshot (as filtered) does not hold, in
-    /// the directories restored; implies --overwrite if-changed unless one is given
+    /// the directories restored; implies --overwrite if-changed unless one is given.
+    /// Refuses a target that holds nothing the snapshot holds, unless --force
     #[arg(long)]
     pub delete: bool,
+    /// With --delete: delete even in a target that shares nothing with the snapshot
+    #[arg(long, requires = "delete")]
+    pub force: bool,
+    /// Change nothing: say what would be written, kept and deleted (each path with -v)
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// List every path written (with --dry-run: written, kept, unchanged) or deleted
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Make no FIFOs or device nodes (sockets are never made); each one left out is
     /// listed. Without root, device nodes cannot be made anyway: each is an error
     #[arg(long)]
@@ -538,6 +622,8 @@ pub struct RestoreArgs {
     /// use this for a snapshot you do not trust or a tree another user owns
     #[arg(long)]
     pub no_setuid: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -563,12 +649,37 @@ pub struct ChunkArgs {
         conflicts_with_all = ["min", "avg", "max"],
     )]
     pub sizes: Vec<ChunkerParams>,
-    #[arg(long, value_parser = parse_size)]
+    /// Smallest chunk (default: half the average)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub min: Option<u32>,
-    #[arg(long, value_parser = parse_size)]
+    /// Average chunk (default: the repository default, 1M)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub avg: Option<u32>,
-    #[arg(long, value_parser = parse_size)]
+    /// Largest chunk (default: eight times the average)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub max: Option<u32>,
+}
+
+/// Chunk sizes from `--min/--avg/--max` (or `--chunk-*`): limits not given follow the
+/// average as `--sizes` derives them (avg/2, avg*8), or are the defaults without one, so
+/// `--avg 64K` alone is valid.
+pub fn chunker_params(
+    min: Option<u32>,
+    avg: Option<u32>,
+    max: Option<u32>,
+) -> Result<ChunkerParams, cairn_core::chunker::ParamsError> {
+    let base = match avg {
+        Some(avg) => ChunkerParams::for_average(avg).unwrap_or(ChunkerParams {
+            avg_size: avg,
+            ..ChunkerParams::DEFAULT
+        }),
+        None => ChunkerParams::DEFAULT,
+    };
+    ChunkerParams::new(
+        min.unwrap_or(base.min_size),
+        base.avg_size,
+        max.unwrap_or(base.max_size),
+    )
 }
 
 /// An average chunk size for `chunk --sizes`, with the limits derived from it.

@@ -155,15 +155,22 @@ fn credentials(text: &str) -> Credentials {
     }
 }
 
-/// The password given explicitly for the repository of `-r`, if any.
-fn given_password(global: &GlobalArgs) -> Result<Option<String>> {
+/// The password given explicitly for the repository of `-r`, if any, and where it came
+/// from (for errors: a wrong password should say which source gave it).
+fn given_password(global: &GlobalArgs) -> Result<Option<(String, String)>> {
     if let Some(pw) = explicit_password(
         global.password_file.as_deref(),
         global.password_command.as_deref(),
     )? {
-        return Ok(Some(pw));
+        let source = match &global.password_file {
+            Some(f) => format!("the password file {}", f.display()),
+            None => "the password command".to_string(),
+        };
+        return Ok(Some((pw, source)));
     }
-    Ok(std::env::var("CAIRN_PASSWORD").ok())
+    Ok(std::env::var("CAIRN_PASSWORD")
+        .ok()
+        .map(|pw| (pw, "CAIRN_PASSWORD".to_string())))
 }
 
 fn explicit_password(file: Option<&Path>, command: Option<&str>) -> Result<Option<String>> {
@@ -203,11 +210,32 @@ fn read_password(source: &PasswordSource) -> Result<String> {
     }
 }
 
-/// The password given explicitly, else the one of the named repository's entry.
-fn password_of(global: &GlobalArgs, loc: &Location) -> Result<Option<String>> {
+/// The password given explicitly, else the one of the named repository's entry, with
+/// where it came from. An explicit one that overrides the entry's is said on stderr: a
+/// `CAIRN_PASSWORD` left in the environment silently beat an `@NAME`'s password file.
+fn password_of(global: &GlobalArgs, loc: &Location) -> Result<Option<(String, String)>> {
     match given_password(global)? {
-        Some(pw) => Ok(Some(pw)),
-        None => entry_password(loc),
+        Some((pw, source)) => {
+            if let Some(entry) = &loc.password {
+                eprintln!(
+                    "note: using {source}, not the config file's {} of this repository",
+                    match entry {
+                        PasswordSource::File(_) => "password file",
+                        PasswordSource::Command(_) => "password command",
+                    }
+                );
+            }
+            Ok(Some((pw, source)))
+        }
+        None => Ok(entry_password(loc)?.map(|pw| {
+            let source = match &loc.password {
+                Some(PasswordSource::File(f)) => {
+                    format!("the config file's password file {}", f.display())
+                }
+                _ => "the config file's password command".to_string(),
+            };
+            (pw, source)
+        })),
     }
 }
 
@@ -336,9 +364,15 @@ pub fn open_for_keys(global: &GlobalArgs) -> Result<(Repository, Option<PathBuf>
 fn open_repository_keyed(global: &GlobalArgs) -> Result<(Repository, Option<PathBuf>)> {
     let loc = locate(global)?;
     let mut by_default_key = None;
+    let mut source = String::from("the password typed");
+    let storage = storage_at(&loc.path)?;
     let password = match (password_of(global, &loc)?, &loc.default_key) {
-        (Some(pw), _) => pw,
+        (Some((pw, from)), _) => {
+            source = from;
+            pw
+        }
         (None, Some(key)) => {
+            source = format!("the default key file {}", key.display());
             by_default_key = Some(key.clone());
             if !loc.path.join("config").exists() {
                 bail!(
@@ -349,9 +383,18 @@ fn open_repository_keyed(global: &GlobalArgs) -> Result<(Repository, Option<Path
             }
             read_default_key(key, &loc.path)?
         }
-        (None, None) => prompt("Repository password: ", false)?,
+        (None, None) => {
+            // Not a repository: say so before asking for a password it cannot use.
+            Repository::check_config(storage.as_ref())?;
+            prompt("Repository password: ", false)?
+        }
     };
-    let repo = Repository::open_without_index(storage_at(&loc.path)?, credentials(&password))?;
+    let repo = match Repository::open_without_index(storage, credentials(&password)) {
+        Err(e @ cairn_core::Error::WrongPassword { .. }) => {
+            return Err(anyhow::Error::new(e).context(format!("The password came from {source}")))
+        }
+        other => other?,
+    };
     Ok((repo, by_default_key))
 }
 
@@ -374,7 +417,7 @@ pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
     let given_none = given.is_none();
     let secret = match (given, &loc.default_key) {
         // A password the user gave is one a person chose, whatever it looks like.
-        (Some(pw), _) => Secret::Password(pw.into_bytes().into()),
+        (Some((pw, _)), _) => Secret::Password(pw.into_bytes().into()),
         (None, Some(key)) => create_default_key(key)?,
         (None, None) => {
             Secret::Password(prompt("Repository password: ", true)?.into_bytes().into())
@@ -390,13 +433,21 @@ pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
     let mut repo = Repository::init(storage_at(&loc.path)?, credentials, opts)?;
     attach_cache(&mut repo, global);
     if let Some(key) = &loc.default_key {
+        // Said every time, whatever the password source: a cron job that lost its
+        // CAIRN_REPOSITORY but kept CAIRN_PASSWORD would otherwise back up to this disk.
         if given_none {
             eprintln!(
-                "Created the default repository {}.\n\
+                "Created the default repository {} (no -r/--repo or CAIRN_REPOSITORY given).\n\
                  Its key is in {} - without that file these backups cannot be restored.\n\
                  Keep a copy of it somewhere other than this machine.",
                 loc.path.display(),
                 key.display()
+            );
+        } else {
+            eprintln!(
+                "Created the default repository {} (no -r/--repo or CAIRN_REPOSITORY given), \
+                 locked with the password given; pass -r/--repo to back up elsewhere.",
+                loc.path.display()
             );
         }
     }

@@ -41,8 +41,9 @@ const TREE_CACHE_ENTRIES: usize = 16;
 
 pub fn run(g: &GlobalArgs, a: MountArgs) -> Result<u8> {
     check_mountpoint(&a.mountpoint)?;
+    let filter = crate::commands::snapshot_filter(&a.filter)?;
     let repo = crate::context::open(g)?;
-    let list = repo.snapshots()?;
+    let list = cairn_core::ops::select::snapshots(&repo, &filter)?;
     for (id, e) in &list.damaged {
         eprintln!("warning: snapshot {} is left out: {e}", id.short());
     }

@@ -25,6 +25,11 @@ pub fn size(bytes: u64) -> String {
 }
 
 /// A timestamp in the local time zone, to the second.
+/// `1 file`, `2 files`, `0 files`.
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 pub fn local_time(t: jiff::Timestamp) -> String {
     t.to_zoned(jiff::tz::TimeZone::system())
         .strftime("%Y-%m-%d %H:%M:%S")

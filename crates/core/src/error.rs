@@ -95,6 +95,10 @@ pub enum Error {
     #[error("No snapshot matches {spec:?}; `cairn snapshots` lists them")]
     SnapshotNotFound { spec: String },
 
+    /// `latest` with `--host`/`--tag`/`--path` that no snapshot matches.
+    #[error("No snapshot matches {filter}; `cairn snapshots` lists them all")]
+    NoSnapshotMatches { filter: String },
+
     #[error("Snapshot id {spec:?} is ambiguous: it matches {}; give more digits", candidates.join(", "))]
     SnapshotAmbiguous {
         spec: String,
@@ -129,6 +133,16 @@ pub enum Error {
         target.display()
     )]
     TargetNotEmpty { target: PathBuf },
+
+    /// `--delete` into a target none of whose entries the snapshot holds: most likely a
+    /// mistyped `--target`, which would be emptied.
+    #[error(
+        "Target directory {} holds nothing that the restored snapshot holds, so --delete \
+         would remove everything in it; check --target (restore --dry-run -v lists what \
+         would happen), or pass --force to delete anyway",
+        target.display()
+    )]
+    TargetUnrelated { target: PathBuf },
 
     #[error(
         "Pattern {pattern:?} on line {line} of {} does not parse: {reason}; fix or remove it",

@@ -675,6 +675,12 @@ impl Repository {
         Ok(list)
     }
 
+    /// Whether `storage` holds a repository of a format this version reads, without a key:
+    /// lets a caller say "not a repository" before asking for a password.
+    pub fn check_config(storage: &dyn Storage) -> Result<()> {
+        read_config(storage).map(|_| ())
+    }
+
     /// Resolves `latest`, a full id or a unique prefix of one.
     pub fn find_snapshot(&self, spec: &str) -> Result<(SnapshotId, Snapshot)> {
         if spec == "latest" {

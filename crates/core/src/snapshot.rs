@@ -39,3 +39,83 @@ impl Snapshot {
         serde_json::from_slice(bytes)
     }
 }
+
+/// Which snapshots a command considers (`--host`, `--tag`, `--path`), and so which one
+/// `latest` is. Empty lists match every snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotFilter {
+    /// A snapshot of any of these hosts.
+    pub hosts: Vec<String>,
+    /// A snapshot carrying every tag of any one of these groups (`--tag a,b --tag c`:
+    /// both a and b, or c).
+    pub tags: Vec<Vec<String>>,
+    /// A snapshot whose paths include all of these (absolute) paths.
+    pub paths: Vec<String>,
+}
+
+impl SnapshotFilter {
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty() && self.tags.is_empty() && self.paths.is_empty()
+    }
+
+    pub fn matches(&self, s: &Snapshot) -> bool {
+        (self.hosts.is_empty() || self.hosts.contains(&s.host))
+            && (self.tags.is_empty()
+                || self
+                    .tags
+                    .iter()
+                    .any(|group| group.iter().all(|t| s.tags.contains(t))))
+            && self.paths.iter().all(|p| s.paths.contains(p))
+    }
+}
+
+impl std::fmt::Display for SnapshotFilter {
+    /// As typed: `--host a --tag x,y --path /p`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        parts.extend(self.hosts.iter().map(|h| format!("--host {h}")));
+        parts.extend(self.tags.iter().map(|t| format!("--tag {}", t.join(","))));
+        parts.extend(self.paths.iter().map(|p| format!("--path {p}")));
+        f.write_str(&parts.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod filter_tests {
+    use super::*;
+
+    fn snap(host: &str, tags: &[&str], paths: &[&str]) -> Snapshot {
+        Snapshot {
+            time: jiff::Timestamp::UNIX_EPOCH,
+            host: host.into(),
+            username: String::new(),
+            paths: paths.iter().map(|p| p.to_string()).collect(),
+            tags: tags.iter().map(|t| t.to_string()).collect(),
+            tree: BlobId([0; 32]),
+            parent: None,
+            program_version: String::new(),
+            summary: SnapshotSummary::default(),
+        }
+    }
+
+    #[test]
+    fn a_filter_matches_any_host_any_tag_group_and_all_paths() {
+        let s = snap("h", &["a", "b"], &["/x", "/y"]);
+        let f = |hosts: &[&str], tags: &[&[&str]], paths: &[&str]| SnapshotFilter {
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            tags: tags
+                .iter()
+                .map(|g| g.iter().map(|t| t.to_string()).collect())
+                .collect(),
+            paths: paths.iter().map(|p| p.to_string()).collect(),
+        };
+        assert!(f(&[], &[], &[]).matches(&s));
+        assert!(f(&["other", "h"], &[], &[]).matches(&s));
+        assert!(!f(&["other"], &[], &[]).matches(&s));
+        assert!(f(&[], &[&["a", "b"]], &[]).matches(&s));
+        assert!(!f(&[], &[&["a", "c"]], &[]).matches(&s));
+        assert!(f(&[], &[&["a", "c"], &["b"]], &[]).matches(&s));
+        assert!(f(&[], &[], &["/x", "/y"]).matches(&s));
+        assert!(!f(&[], &[], &["/x", "/z"]).matches(&s));
+    }
+}

@@ -51,6 +51,13 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
         backup::backup(&mut repo, &opts, &monitor)?
     };
     monitor.finish();
+    for pattern in &report.excludes_unmatched {
+        eprintln!(
+            "warning: exclude pattern {} matched nothing (with a '/', a pattern matches the \
+             end of a path, or from the root if it starts with '/')",
+            output::message(&format!("{pattern:?}"))
+        );
+    }
     for problem in repo.index_problems() {
         eprintln!(
             "warning: {}",
@@ -155,8 +162,13 @@ fn print(g: &GlobalArgs, r: &BackupReport) -> Result<()> {
     writeln!(out, "snapshot {} saved", r.snapshot_id.short())?;
     if !s.errors.is_empty() {
         eprintln!(
-            "warning: {} path(s) could not be backed up (listed above); they are not in this snapshot",
-            s.errors.len()
+            "warning: {} could not be backed up (listed above); {} not in this snapshot",
+            output::count(s.errors.len() as u64, "path", "paths"),
+            if s.errors.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            }
         );
     }
     Ok(())

@@ -6,14 +6,16 @@ use std::os::unix::ffi::OsStrExt;
 
 use anyhow::{Context, Result};
 use cairn_core::ops::browse::{self, Entry};
+use cairn_core::ops::select;
 use cairn_core::tree::{Node, NodeKind};
 
 use crate::args::{CatArgs, GlobalArgs, LsArgs};
 use crate::{context, output};
 
 pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
+    let filter = super::snapshot_filter(&a.filter)?;
     let repo = context::open(g)?;
-    let (_, snapshot) = repo.find_snapshot(&a.snapshot)?;
+    let (_, snapshot) = select::find_snapshot(&repo, &a.snapshot, &filter)?;
     let start = a.path.as_deref().map_or(&b"/"[..], |p| p.as_bytes());
     let mut out = std::io::stdout().lock();
     let mut json = Vec::new();
@@ -47,13 +49,25 @@ pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
         }
         out.write_all(b"\n").map_err(io)
     };
+    // Like ls(1): a directory's entries, one level; `--recursive`: the directory named
+    // and everything below it.
+    let below = if a.recursive {
+        browse::walk
+    } else {
+        browse::list
+    };
     match browse::find(&repo, &snapshot, start)? {
-        Entry::Root(tree) => browse::walk(&repo, &tree, b"/", &mut show)?,
+        Entry::Root(tree) => below(&repo, &tree, b"/", &mut show)?,
         Entry::Node(node) => {
             let path = normalized(start);
-            show(&path, &node)?;
-            if let NodeKind::Dir { subtree } = &node.kind {
-                browse::walk(&repo, subtree, &path, &mut show)?;
+            match &node.kind {
+                NodeKind::Dir { subtree } => {
+                    if a.recursive {
+                        show(&path, &node)?;
+                    }
+                    below(&repo, subtree, &path, &mut show)?;
+                }
+                _ => show(&path, &node)?,
             }
         }
     }
@@ -105,8 +119,9 @@ fn node_json(path: &[u8], node: &Node) -> serde_json::Value {
 }
 
 pub fn cat(g: &GlobalArgs, a: CatArgs) -> Result<u8> {
+    let filter = super::snapshot_filter(&a.filter)?;
     let repo = context::open(g)?;
-    let (id, snapshot) = repo.find_snapshot(&a.snapshot)?;
+    let (id, snapshot) = select::find_snapshot(&repo, &a.snapshot, &filter)?;
     let shown = a.path.to_string_lossy().into_owned();
     let node = match browse::find(&repo, &snapshot, a.path.as_bytes())? {
         Entry::Node(node) => node,

@@ -30,7 +30,11 @@ pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
     for p in &report.problems {
         writeln!(out, "problem: {}: {}", p.object, p.problem)?;
         if p.damaged_paths > 0 {
-            writeln!(out, "  damages {} path(s):", p.damaged_paths)?;
+            writeln!(
+                out,
+                "  damages {}:",
+                output::count(p.damaged_paths, "path", "paths")
+            )?;
             for d in &p.damages {
                 writeln!(out, "    snapshot {}  {}", d.snapshot, d.path)?;
             }
@@ -66,7 +70,7 @@ pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
             output::size(report.bytes_read),
             report.blobs_verified,
             output::seconds(report.duration_ms),
-            if code == 0 { "no problems found".to_string() } else { format!("{} problem(s)", report.problems.len()) }
+            if code == 0 { "no problems found".to_string() } else { output::count(report.problems.len() as u64, "problem", "problems") }
         )?;
     }
     Ok(code)

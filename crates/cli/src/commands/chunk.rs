@@ -21,13 +21,8 @@ pub fn run(g: &GlobalArgs, a: ChunkArgs) -> Result<u8> {
     if !a.sizes.is_empty() {
         return compare_sizes(g, &a.files, &a.sizes);
     }
-    let d = ChunkerParams::DEFAULT;
-    let params = ChunkerParams::new(
-        a.min.unwrap_or(d.min_size),
-        a.avg.unwrap_or(d.avg_size),
-        a.max.unwrap_or(d.max_size),
-    )
-    .context("Invalid --min/--avg/--max")?;
+    let params =
+        crate::args::chunker_params(a.min, a.avg, a.max).context("Invalid --min/--avg/--max")?;
     let mut out = std::io::stdout().lock();
     let (mut count, mut total) = (0u64, 0u64);
     let mut json = Vec::new();

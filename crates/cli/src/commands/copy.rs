@@ -1,5 +1,6 @@
 use anyhow::{Context, Result};
 use cairn_core::ops::copy::{self, CopyOptions};
+use cairn_core::ops::select;
 
 use crate::args::{CopyArgs, GlobalArgs};
 use crate::progress::Progress;
@@ -8,17 +9,19 @@ use crate::{context, output};
 pub fn run(g: &GlobalArgs, a: CopyArgs) -> Result<u8> {
     // Ctrl-C stops the copy between blobs, removing its session from the destination.
     crate::signals::install();
+    let filter = super::snapshot_filter(&a.filter)?;
     let src = context::open_from(&a.from, true)?;
     let from = src.storage().location();
     let snapshots = a
         .snapshots
         .iter()
-        .map(|spec| src.find_snapshot(spec).map(|(id, _)| id))
+        .map(|spec| select::find_snapshot(&src, spec, &filter).map(|(id, _)| id))
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("In the repository {from}"))?;
     let mut dst = context::open_without_index(g)?;
     let opts = CopyOptions {
         snapshots,
+        filter,
         host: gethostname::gethostname().to_string_lossy().into_owned(),
     };
     let monitor = Progress::phases(g, "copy");
@@ -47,10 +50,10 @@ pub fn run(g: &GlobalArgs, a: CopyArgs) -> Result<u8> {
             println!("snapshot {} is already here", s.short());
         }
         println!(
-            "{} snapshots copied, {} already here; {} blobs added ({} stored) in {}",
-            report.copied.len(),
+            "{} copied, {} already here; {} added ({} stored) in {}",
+            output::count(report.copied.len() as u64, "snapshot", "snapshots"),
             report.already_present.len(),
-            report.blobs_added,
+            output::count(report.blobs_added, "blob", "blobs"),
             output::size(report.bytes_added),
             output::seconds(report.duration_ms),
         );

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use cairn_core::ops::diff::{self, Change, ChangeKind, ContentDiff, DiffOptions, DiffSide};
 use cairn_core::ops::select;
+use cairn_core::snapshot::SnapshotFilter;
 use cairn_core::Repository;
 
 use crate::args::{DiffArgs, GlobalArgs};
@@ -30,9 +31,10 @@ pub fn run(g: &GlobalArgs, a: DiffArgs) -> Result<u8> {
         }
         _ => p.as_bytes().to_vec(),
     });
+    let filter = super::snapshot_filter(&a.filter)?;
     let repo = context::open(g)?;
-    let old = side(&repo, &a.old, old_live)?;
-    let new = side(&repo, &a.new, new_live)?;
+    let old = side(&repo, &a.old, old_live, &filter)?;
+    let new = side(&repo, &a.new, new_live, &filter)?;
     let opts = DiffOptions {
         path,
         content: a.content,
@@ -109,12 +111,17 @@ fn absolute(path: &Path) -> PathBuf {
     cairn_core::ops::backup::lexical_absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-fn side(repo: &Repository, arg: &OsStr, live: Option<PathBuf>) -> Result<DiffSide> {
+fn side(
+    repo: &Repository,
+    arg: &OsStr,
+    live: Option<PathBuf>,
+    filter: &SnapshotFilter,
+) -> Result<DiffSide> {
     if let Some(dir) = live {
         return Ok(DiffSide::Live(dir));
     }
     let spec = arg.to_string_lossy();
-    let (id, snapshot) = select::find_snapshot(repo, &spec)?;
+    let (id, snapshot) = select::find_snapshot(repo, &spec, filter)?;
     Ok(DiffSide::Snapshot { id, snapshot })
 }
 

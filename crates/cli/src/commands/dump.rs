@@ -18,8 +18,9 @@ use cairn_core::Repository;
 use crate::args::{ArchiveFormat, DumpArgs, GlobalArgs};
 
 pub fn run(g: &GlobalArgs, a: DumpArgs) -> Result<u8> {
+    let filter = super::snapshot_filter(&a.filter)?;
     let repo = crate::context::open(g)?;
-    let (id, snapshot) = repo.find_snapshot(&a.snapshot)?;
+    let (id, snapshot) = cairn_core::ops::select::find_snapshot(&repo, &a.snapshot, &filter)?;
     let names = browse::path_names(a.path.as_bytes());
     let shown = format!("/{}", String::from_utf8_lossy(&names.join(&b'/')));
     let entry = browse::find(&repo, &snapshot, a.path.as_bytes())?;

@@ -20,6 +20,7 @@ pub fn run(g: &GlobalArgs, a: FindArgs) -> Result<u8> {
     let opts = FindOptions {
         patterns: a.patterns,
         snapshots: a.snapshots,
+        filter: super::snapshot_filter(&a.filter)?,
         size: a.size,
         newer: a.newer.map(file_time),
         older: a.older.map(file_time),
@@ -68,10 +69,10 @@ pub fn run(g: &GlobalArgs, a: FindArgs) -> Result<u8> {
         }
         if !g.quiet {
             eprintln!(
-                "{} matches in {} snapshots ({} trees read)",
-                report.matches.len(),
-                report.stats.snapshots,
-                report.stats.trees_read
+                "{} in {} ({} read)",
+                output::count(report.matches.len() as u64, "match", "matches"),
+                output::count(report.stats.snapshots, "snapshot", "snapshots"),
+                output::count(report.stats.trees_read, "tree", "trees")
             );
         }
     }

@@ -28,6 +28,7 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
         tags: a.keep_tags.clone(),
     };
     let group_by: GroupBy = a.group_by.parse().map_err(anyhow::Error::msg)?;
+    let filter = super::snapshot_filter(&a.filter)?;
     let repo = context::open(g)?;
     let forget_json;
     if !a.snapshots.is_empty() {
@@ -38,7 +39,7 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
         for spec in &a.snapshots {
             // By id alone: a damaged snapshot must still be removable.
             ids.push(match spec.as_str() {
-                "latest" => repo.find_snapshot(spec)?.0,
+                "latest" => cairn_core::ops::select::find_snapshot(&repo, spec, &filter)?.0,
                 _ => repo.resolve_snapshot_id(spec)?,
             });
         }
@@ -56,30 +57,13 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
             }
         }
     } else {
-        let report = forget::forget(&repo, &policy, group_by, a.dry_run)?;
+        let report = forget::forget(&repo, &policy, group_by, &filter, a.dry_run)?;
         forget_json = serde_json::to_value(&report)?;
         if !g.json && !g.quiet {
             let mut out = std::io::stdout().lock();
             for group in &report.groups {
-                let mut key = Vec::new();
-                if let Some(h) = &group.host {
-                    key.push(format!("host {h}"));
-                }
-                if let Some(p) = &group.paths {
-                    key.push(format!("paths {}", p.join(", ")));
-                }
-                if let Some(t) = &group.tags {
-                    key.push(format!("tags {}", t.join(",")));
-                }
-                writeln!(
-                    out,
-                    "{}:",
-                    if key.is_empty() {
-                        "all snapshots".into()
-                    } else {
-                        key.join(", ")
-                    }
-                )?;
+                let key = (group.host.clone(), group.paths.clone(), group.tags.clone());
+                writeln!(out, "{}:", super::snapshots::group_label(&key))?;
                 for d in &group.snapshots {
                     let verdict = if d.keep {
                         format!("keep ({})", d.reasons.join(", "))
@@ -97,7 +81,11 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
                 }
             }
             let verb = if a.dry_run { "would remove" } else { "removed" };
-            writeln!(out, "{verb} {} snapshot(s)", report.removed.len())?;
+            writeln!(
+                out,
+                "{verb} {}",
+                output::count(report.removed.len() as u64, "snapshot", "snapshots")
+            )?;
         }
     }
     drop(repo);
@@ -143,11 +131,13 @@ fn run_prune(g: &GlobalArgs, max_unused: f64, dry_run: bool) -> Result<PruneRepo
 fn print_prune(r: &PruneReport) {
     let would = if r.dry_run { "would be " } else { "" };
     println!(
-        "{} snapshots need {} blobs; {} blobs ({}) are unused",
-        r.snapshots,
-        r.blobs_used,
-        r.blobs_unused,
-        output::size(r.bytes_unused)
+        "{} {} {}; {} ({}) {} unused",
+        output::count(r.snapshots, "snapshot", "snapshots"),
+        if r.snapshots == 1 { "needs" } else { "need" },
+        output::count(r.blobs_used, "blob", "blobs"),
+        output::count(r.blobs_unused, "blob", "blobs"),
+        output::size(r.bytes_unused),
+        if r.blobs_unused == 1 { "is" } else { "are" }
     );
     if r.packs_repacked > 0 {
         println!(

@@ -1,14 +1,12 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use cairn_core::chunker::ChunkerParams;
 use cairn_core::repo::InitOptions;
 
 use crate::args::{GlobalArgs, InitArgs};
 use crate::context;
 
 pub fn run(g: &GlobalArgs, a: InitArgs) -> Result<u8> {
-    let d = ChunkerParams::DEFAULT;
     let (chunker, ids_from) = if a.copy_chunker_params {
         let other = context::open_from(&a.from, false)?;
         (other.chunker_params()?, Some(Arc::clone(other.key())))
@@ -16,12 +14,8 @@ pub fn run(g: &GlobalArgs, a: InitArgs) -> Result<u8> {
         if a.from.from_repo.is_some() {
             anyhow::bail!("--from-repo is used with --copy-chunker-params");
         }
-        let chunker = ChunkerParams::new(
-            a.chunk_min.unwrap_or(d.min_size),
-            a.chunk_avg.unwrap_or(d.avg_size),
-            a.chunk_max.unwrap_or(d.max_size),
-        )
-        .context("Invalid --chunk-min/--chunk-avg/--chunk-max")?;
+        let chunker = crate::args::chunker_params(a.chunk_min, a.chunk_avg, a.chunk_max)
+            .context("Invalid --chunk-min/--chunk-avg/--chunk-max")?;
         (chunker, None)
     };
     let pack_size = match a.pack_size {

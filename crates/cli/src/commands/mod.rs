@@ -18,9 +18,38 @@ mod restore;
 mod snapshots;
 mod stats;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use cairn_core::snapshot::SnapshotFilter;
 
-use crate::args::{Cli, Command};
+use crate::args::{Cli, Command, FilterArgs};
+
+/// The core's filter for `--host`, `--tag` (split on commas: all of a group) and
+/// `--path` (made absolute as backup records paths).
+pub fn snapshot_filter(a: &FilterArgs) -> Result<SnapshotFilter> {
+    let paths = a
+        .paths
+        .iter()
+        .map(|p| {
+            cairn_core::ops::backup::lexical_absolute(p)
+                .map(|p| p.to_string_lossy().into_owned())
+                .with_context(|| format!("--path {}", p.display()))
+        })
+        .collect::<Result<_>>()?;
+    Ok(SnapshotFilter {
+        hosts: a.hosts.clone(),
+        tags: a
+            .tags
+            .iter()
+            .map(|t| {
+                t.split(',')
+                    .filter(|t| !t.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .collect(),
+        paths,
+    })
+}
 
 /// Runs the command; returns the exit code.
 pub fn run(cli: Cli) -> Result<u8> {
@@ -28,7 +57,7 @@ pub fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Init(a) => init::run(g, a),
         Command::Backup(a) => backup::run(g, a),
-        Command::Snapshots => snapshots::run(g),
+        Command::Snapshots(a) => snapshots::run(g, a),
         Command::Ls(a) => browse::ls(g, a),
         Command::Cat(a) => browse::cat(g, a),
         Command::Dump(a) => dump::run(g, a),

@@ -1,9 +1,12 @@
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Result;
+use cairn_core::id::SnapshotId;
 use cairn_core::ops::browse::{self, Entry};
 use cairn_core::ops::restore::{self, Overwrite, RestoreOptions};
+use cairn_core::ops::restore_plan::{self, Action};
 use cairn_core::repo::Repository;
 use cairn_core::snapshot::Snapshot;
 use cairn_core::tree::NodeKind;
@@ -21,10 +24,11 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
     };
     let spec = std::str::from_utf8(spec)
         .map_err(|_| anyhow::anyhow!("{:?} is not a snapshot id", a.snapshot))?;
+    let filter = super::snapshot_filter(&a.filter)?;
     let repo = context::open(g)?;
     // From here on, Ctrl-C stops cleanly instead of leaving files behind.
     crate::signals::install();
-    let (id, snapshot) = repo.find_snapshot(spec)?;
+    let (id, snapshot) = cairn_core::ops::select::find_snapshot(&repo, spec, &filter)?;
     let opts = RestoreOptions {
         target: a.target.clone(),
         subpath,
@@ -43,9 +47,13 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         includes: a.includes.clone(),
         excludes: a.excludes.clone(),
         delete: a.delete,
+        force: a.force,
         no_special_files: a.no_special_files,
         no_setuid: a.no_setuid,
     };
+    if a.dry_run {
+        return dry_run(g, &a, &repo, id, &snapshot, &opts);
+    }
     let monitor = Progress::files(g, "restore");
     let counting = AtomicBool::new(true);
     let stats = std::thread::scope(|scope| {
@@ -72,6 +80,11 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         eprintln!("warning: {w}");
     }
     if !g.json {
+        if a.verbose {
+            for path in &stats.deleted_paths {
+                eprintln!("deleted {}", output::name(path.as_bytes()));
+            }
+        }
         for s in &stats.specials_skipped {
             eprintln!("not restored ({}): {}", s.kind, s.path);
         }
@@ -85,18 +98,45 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         output::json(&v)?;
     } else if !g.quiet {
         println!(
-            "Restored snapshot {} to {}: {} files written ({}), {} dirs, {} links and special files{}{}{}{}{} in {}",
+            "Restored snapshot {} to {}: {} written ({}), {}, {}{}{}{}{}{} in {}",
             id.short(),
             a.target.display(),
-            stats.files_restored,
+            output::count(stats.files_restored, "file", "files"),
             output::size(stats.bytes_restored),
-            stats.dirs_restored,
-            stats.others_restored + stats.hardlinks_restored,
-            if stats.unchanged > 0 { format!(", {} unchanged", stats.unchanged) } else { String::new() },
-            if stats.files_skipped > 0 { format!(", {} existing kept", stats.files_skipped) } else { String::new() },
-            if a.delete { format!(", {} deleted", stats.deleted) } else { String::new() },
-            if stats.temp_files_removed > 0 { format!(", {} leftover temporary files removed", stats.temp_files_removed) } else { String::new() },
-            if a.verify { format!(", {} verified", stats.files_verified) } else { String::new() },
+            output::count(stats.dirs_restored, "dir", "dirs"),
+            output::count(
+                stats.others_restored + stats.hardlinks_restored,
+                "link or special file",
+                "links and special files"
+            ),
+            if stats.unchanged > 0 {
+                format!(", {} unchanged", stats.unchanged)
+            } else {
+                String::new()
+            },
+            if stats.files_skipped > 0 {
+                format!(", {} existing kept", stats.files_skipped)
+            } else {
+                String::new()
+            },
+            if a.delete {
+                format!(", {} deleted", stats.deleted)
+            } else {
+                String::new()
+            },
+            if stats.temp_files_removed > 0 {
+                format!(
+                    ", {} leftover temporary files removed",
+                    stats.temp_files_removed
+                )
+            } else {
+                String::new()
+            },
+            if a.verify {
+                format!(", {} verified", stats.files_verified)
+            } else {
+                String::new()
+            },
             output::seconds(stats.duration_ms),
         );
     }
@@ -104,11 +144,63 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         Ok(0)
     } else {
         eprintln!(
-            "error: {} path(s) could not be restored (listed above); everything else was",
-            stats.errors.len()
+            "error: {} could not be restored (listed above); everything else was",
+            output::count(stats.errors.len() as u64, "path", "paths")
         );
         Ok(1)
     }
+}
+
+/// `--dry-run`: the plan, each path with `-v`, and its counts.
+fn dry_run(
+    g: &GlobalArgs,
+    a: &RestoreArgs,
+    repo: &Repository,
+    id: SnapshotId,
+    snapshot: &Snapshot,
+    opts: &RestoreOptions,
+) -> Result<u8> {
+    let plan = restore_plan::plan(repo, snapshot, opts)?;
+    // (action, JSON key, text)
+    let counts = [
+        (Action::Write, "write", "to write"),
+        (Action::Unchanged, "unchanged", "unchanged"),
+        (Action::Keep, "keep", "to keep as they are"),
+        (Action::Delete, "delete", "to delete"),
+    ];
+    if g.json {
+        let mut v = serde_json::to_value(&plan)?;
+        v["snapshot_id"] = id.to_hex().into();
+        v["dry_run"] = true.into();
+        for (action, key, _) in counts {
+            v[key] = plan.count(action).into();
+        }
+        output::json(&v)?;
+        return Ok(0);
+    }
+    if a.verbose {
+        let mut out = std::io::stdout().lock();
+        for e in &plan.entries {
+            let verb = match e.action {
+                Action::Write => "write",
+                Action::Unchanged => "unchanged",
+                Action::Keep => "keep",
+                Action::Delete => "delete",
+            };
+            writeln!(out, "{verb:<9} {}", output::name(e.path.as_bytes()))?;
+        }
+    }
+    let summary: Vec<String> = counts
+        .iter()
+        .map(|(action, _, text)| format!("{} {text}", plan.count(*action)))
+        .collect();
+    println!(
+        "Dry run of snapshot {} to {}: {}; nothing was changed",
+        id.short(),
+        a.target.display(),
+        summary.join(", ")
+    );
+    Ok(0)
 }
 
 /// The progress totals of a restore of `SNAPSHOT:PATH`, from its trees, while the restore

@@ -1,40 +1,138 @@
+//! `snapshots`: the snapshots the filters select, optionally grouped, the newest N of
+//! each group, in a long or compact table.
+
 use std::io::Write;
 
 use anyhow::Result;
+use cairn_core::id::SnapshotId;
+use cairn_core::ops::forget::{GroupBy, GroupKey};
+use cairn_core::ops::select;
+use cairn_core::snapshot::Snapshot;
 
-use crate::args::GlobalArgs;
+use crate::args::{GlobalArgs, SnapshotsArgs};
 use crate::{context, output};
 
-pub fn run(g: &GlobalArgs) -> Result<u8> {
+pub fn run(g: &GlobalArgs, a: SnapshotsArgs) -> Result<u8> {
+    let filter = super::snapshot_filter(&a.filter)?;
+    let group_by: Option<GroupBy> = a
+        .group_by
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
     let repo = context::open(g)?;
-    let list = repo.snapshots()?;
+    let list = select::snapshots(&repo, &filter)?;
     for (_, e) in &list.damaged {
         eprintln!(
             "warning: {}",
             crate::output::message(&cairn_core::error::chain(e))
         );
     }
+    // `--latest N` counts within groups, by default those of host and paths (as restic).
+    let mut groups = group_by.unwrap_or_default().group(&list.snapshots);
+    if let Some(n) = a.latest {
+        for (_, items) in &mut groups {
+            let drop = items.len().saturating_sub(n);
+            items.drain(..drop);
+        }
+    }
+    if group_by.is_none() {
+        // One table, oldest first, as without --latest.
+        let mut all: Vec<_> = groups.into_iter().flat_map(|(_, items)| items).collect();
+        all.sort_by_key(|(id, s)| (s.time, *id));
+        groups = vec![((None, None, None), all)];
+    }
     if g.json {
-        let items: Vec<_> = list
-            .snapshots
-            .iter()
-            .map(|(id, s)| {
-                let mut v = serde_json::to_value(s).expect("a snapshot serializes");
-                v["id"] = id.to_hex().into();
-                v["short_id"] = id.short().into();
-                v
-            })
-            .collect();
-        output::json(&items)?;
+        let items = |items: &[&(SnapshotId, Snapshot)]| -> Vec<serde_json::Value> {
+            items.iter().map(|(id, s)| snapshot_json(id, s)).collect()
+        };
+        if group_by.is_some() {
+            let v: Vec<_> = groups
+                .iter()
+                .map(|((host, paths, tags), list)| {
+                    serde_json::json!({
+                        "group": {"host": host, "paths": paths, "tags": tags},
+                        "snapshots": items(list),
+                    })
+                })
+                .collect();
+            output::json(&v)?;
+        } else {
+            output::json(&items(&groups[0].1))?;
+        }
         return Ok(0);
     }
     let mut out = std::io::stdout().lock();
+    let mut total = 0;
+    for (i, (key, items)) in groups.iter().enumerate() {
+        if group_by.is_some() {
+            if i > 0 {
+                writeln!(out)?;
+            }
+            writeln!(out, "{}:", group_label(key))?;
+        }
+        print_table(&mut out, items, a.compact)?;
+        total += items.len();
+    }
+    writeln!(
+        out,
+        "{}",
+        output::count(total as u64, "snapshot", "snapshots")
+    )?;
+    Ok(if list.damaged.is_empty() { 0 } else { 1 })
+}
+
+fn snapshot_json(id: &SnapshotId, s: &Snapshot) -> serde_json::Value {
+    let mut v = serde_json::to_value(s).expect("a snapshot serializes");
+    v["id"] = id.to_hex().into();
+    v["short_id"] = id.short().into();
+    v
+}
+
+/// `host h, paths /a, /b, tags x,y`, the fields of the grouping.
+pub(crate) fn group_label((host, paths, tags): &GroupKey) -> String {
+    let mut key = Vec::new();
+    if let Some(h) = host {
+        key.push(format!("host {h}"));
+    }
+    if let Some(p) = paths {
+        key.push(format!("paths {}", p.join(", ")));
+    }
+    if let Some(t) = tags {
+        key.push(format!("tags {}", t.join(",")));
+    }
+    if key.is_empty() {
+        "all snapshots".into()
+    } else {
+        key.join(", ")
+    }
+}
+
+fn print_table(
+    out: &mut dyn Write,
+    items: &[&(SnapshotId, Snapshot)],
+    compact: bool,
+) -> Result<()> {
+    if compact {
+        writeln!(out, "{:<8}  {:<19}  {:<16}  Tags", "ID", "Time", "Host")?;
+        for (id, s) in items {
+            writeln!(
+                out,
+                "{:<8}  {:<19}  {:<16}  {}",
+                id.short(),
+                output::local_time(s.time),
+                s.host,
+                s.tags.join(",")
+            )?;
+        }
+        return Ok(());
+    }
     writeln!(
         out,
         "{:<8}  {:<19}  {:<16}  {:<12}  {:>10}  Paths",
         "ID", "Time", "Host", "Tags", "Size"
     )?;
-    for (id, s) in &list.snapshots {
+    for (id, s) in items {
         let mut paths = s.paths.iter();
         writeln!(
             out,
@@ -50,6 +148,5 @@ pub fn run(g: &GlobalArgs) -> Result<u8> {
             writeln!(out, "{:>74}{p}", "")?;
         }
     }
-    writeln!(out, "{} snapshots", list.snapshots.len())?;
-    Ok(if list.damaged.is_empty() { 0 } else { 1 })
+    Ok(())
 }

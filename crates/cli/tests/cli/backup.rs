@@ -328,13 +328,16 @@ fn an_exclude_with_a_slash_matches_the_absolute_path() {
 }
 
 #[test]
-fn a_relative_looking_pattern_with_a_slash_does_not_match_by_name() {
-    // "sub/skip.tmp" has a slash, so it is matched against the absolute path and
-    // matches nothing here.
-    let env = TestEnv::with_repo();
-    let src = exclude_tree(&env);
-    env.backup(&[&src], &["--exclude", "sub/skip.tmp"]);
-    assert!(restored_file_set(&env, &src).contains("sub/skip.tmp"));
+fn a_relative_pattern_with_a_slash_matches_the_end_of_the_path_and_a_leading_slash_anchors() {
+    // As restic: "sub/skip.tmp" matches .../src/sub/skip.tmp; "/sub/skip.tmp" only a
+    // top-level /sub, which is not there.
+    for (pattern, kept) in [("sub/skip.tmp", false), ("/sub/skip.tmp", true)] {
+        let env = TestEnv::with_repo();
+        let src = exclude_tree(&env);
+        env.backup(&[&src], &["--exclude", pattern]);
+        let files = restored_file_set(&env, &src);
+        assert_eq!(files.contains("sub/skip.tmp"), kept, "{pattern}: {files:?}");
+    }
 }
 
 #[test]
@@ -378,7 +381,11 @@ fn stdin_is_stored_as_one_file_with_the_given_name() {
         .unwrap();
     assert_success(&out, "cairn backup --stdin");
 
-    let out = env.cmd().args(["ls", "--json", "latest"]).output().unwrap();
+    let out = env
+        .cmd()
+        .args(["ls", "--json", "-R", "latest"])
+        .output()
+        .unwrap();
     assert_success(&out, "cairn ls --json latest");
     let entries = parse_json(&out.stdout, "cairn ls --json");
     let path = entries

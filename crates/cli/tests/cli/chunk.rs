@@ -287,3 +287,33 @@ fn chunk_sizes_refuses_a_bad_size_naming_it() {
         assert!(out.stdout.is_empty(), "no rows: {}", stdout(&out));
     }
 }
+
+/// r21.13: `init --chunk-avg 64K` and `chunk FILE --avg 64K` failed because the minimum
+/// and maximum stayed at the defaults; they follow the average, as `--sizes` has them.
+#[test]
+fn an_average_alone_sets_the_chunk_limits() {
+    let env = TestEnv::new();
+    let file = env.path("f");
+    write_file(&file, &random_bytes(1 << 20, 5));
+    let out = env
+        .cmd()
+        .args(["chunk", "--json", "--avg", "64K"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_success(&out, "chunk --avg 64K");
+    let out = env
+        .cmd()
+        .args(["init", "--chunk-avg", "64K"])
+        .output()
+        .unwrap();
+    assert_success(&out, "init --chunk-avg 64K");
+    let out = env
+        .bare_cmd()
+        .arg("-r")
+        .arg(env.path("other"))
+        .args(["init", "--chunk-avg", "64K", "--chunk-max", "1K"])
+        .output()
+        .unwrap();
+    assert_exit(&out, 1, "a maximum below the average");
+}

@@ -629,3 +629,34 @@ fn config_repo_add_stores_only_the_password_options_given_to_it() {
         "{list:?}"
     );
 }
+
+/// r21.10: a CAIRN_PASSWORD left in the environment silently won over an `@NAME`
+/// entry's password file; the "wrong password" error now says which source it used.
+#[test]
+fn an_environment_password_over_an_entry_is_said_and_named_when_wrong() {
+    let env = TestEnv::with_repo();
+    let pw = env.path("nas.pass");
+    fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+    add(
+        &env,
+        &[
+            "nas",
+            env.repo.to_str().unwrap(),
+            "--password-file",
+            pw.to_str().unwrap(),
+        ],
+    );
+    let out = cairn(&env)
+        .env("CAIRN_PASSWORD", "stale password")
+        .args(["-r", "@nas", "snapshots"])
+        .output()
+        .unwrap();
+    assert_exit(&out, 1, "a wrong CAIRN_PASSWORD over the entry's file");
+    let err = stderr(&out);
+    assert!(
+        err.contains("not the config file's password file")
+            && err.contains("Wrong password")
+            && err.contains("came from CAIRN_PASSWORD"),
+        "{err}"
+    );
+}

@@ -143,3 +143,25 @@ fn the_default_repository_is_not_used_when_a_repository_is_given() {
     );
     assert!(config_files(&env).is_empty(), "nor a key file");
 }
+
+/// r21.4: with CAIRN_PASSWORD set and no repository given (a cron job that lost its
+/// CAIRN_REPOSITORY), the default repository was created without a word.
+#[test]
+fn creating_the_default_repository_is_said_whatever_the_password_source() {
+    let env = TestEnv::new();
+    let src = env.path("src");
+    write_file(&src.join("f"), b"f");
+    let out = unconfigured(&env)
+        .env("CAIRN_PASSWORD", PASSWORD)
+        .arg("backup")
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_success(&out, "backup into the default repository");
+    let err = stderr(&out);
+    assert!(
+        err.contains("Created the default repository")
+            && err.contains(default_repo(&env).to_str().unwrap()),
+        "{err}"
+    );
+}

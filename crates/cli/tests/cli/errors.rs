@@ -198,3 +198,22 @@ fn s3_over_plain_http_needs_an_opt_in() {
         );
     }
 }
+
+/// r21.9: `-r /nonexistent snapshots` asked for a password, then said it was not a
+/// repository.
+#[test]
+fn a_missing_repository_is_named_before_any_password_is_asked() {
+    let env = TestEnv::new();
+    let out = unconfigured(&env)
+        .arg("-r")
+        .arg(env.path("nonexistent"))
+        .arg("snapshots")
+        .output()
+        .unwrap();
+    assert_exit(&out, 1, "snapshots of a missing repository");
+    let err = stderr(&out);
+    assert!(
+        err.contains("is not a cairn repository") && !err.contains("password"),
+        "{err}"
+    );
+}

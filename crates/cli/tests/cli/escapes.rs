@@ -37,8 +37,13 @@ fn names_with_escape_sequences_are_escaped_in_ls_find_diff_and_errors() {
     let shown = format!("{}/{SHOWN}", src.display());
 
     let runs: Vec<Vec<&OsStr>> = vec![
-        vec!["ls".as_ref(), "latest".as_ref()],
-        vec!["ls".as_ref(), "-l".as_ref(), "latest".as_ref()],
+        vec!["ls".as_ref(), "-R".as_ref(), "latest".as_ref()],
+        vec![
+            "ls".as_ref(),
+            "-l".as_ref(),
+            "-R".as_ref(),
+            "latest".as_ref(),
+        ],
         vec!["find".as_ref(), "x*".as_ref()],
         vec!["diff".as_ref(), first.as_ref(), second.as_ref()],
     ];
@@ -68,7 +73,11 @@ fn names_with_escape_sequences_are_escaped_in_ls_find_diff_and_errors() {
     assert!(stderr(&out).contains("x\\x1b[31m"), "{}", stderr(&out));
 
     // JSON strings carry the exact name.
-    let out = env.cmd().args(["ls", "--json", "latest"]).output().unwrap();
+    let out = env
+        .cmd()
+        .args(["ls", "--json", "-R", "latest"])
+        .output()
+        .unwrap();
     assert_success(&out, "cairn ls --json");
     let listed = parse_json(&out.stdout, "cairn ls --json");
     let exact = String::from_utf8(EVIL.to_vec()).unwrap();

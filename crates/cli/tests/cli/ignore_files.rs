@@ -9,7 +9,11 @@ use crate::common::*;
 
 /// Paths in the latest snapshot below `src`, relative to it, with a trailing `/` on dirs.
 fn snapshot_paths(env: &TestEnv, src: &Path) -> BTreeSet<String> {
-    let out = env.cmd().args(["ls", "--json", "latest"]).output().unwrap();
+    let out = env
+        .cmd()
+        .args(["ls", "--json", "-R", "latest"])
+        .output()
+        .unwrap();
     assert_success(&out, "cairn ls --json latest");
     let v = parse_json(&out.stdout, "cairn ls --json");
     let prefix = format!("{}/", src.display());
@@ -238,4 +242,46 @@ fn ignore_an_unreadable_ignore_file_is_reported_and_the_backup_is_partial() {
     let out = env.cmd().arg("backup").arg(&src).output().unwrap();
     assert_exit(&out, 3, "backup with an unreadable .cairnignore");
     assert!(stderr(&out).contains(".cairnignore"), "{}", describe(&out));
+}
+
+/// r21.2: `--exclude py/test --exclude 'man/*/man1'` were anchored at `/` and silently
+/// matched nothing; restic excludes both. A pattern that matches nothing is warned about.
+#[test]
+fn exclude_patterns_with_a_slash_match_the_end_of_the_path() {
+    let env = TestEnv::with_repo();
+    let src = env.path("data");
+    write_file(&src.join("py/test/t.py"), b"t");
+    write_file(&src.join("py/main.py"), b"m");
+    write_file(&src.join("man/en/man1/ls.1"), b"l");
+    write_file(&src.join("man/en/man5/fs.5"), b"f");
+    write_file(&src.join("keep"), b"k");
+    let list = env.path("excludes");
+    std::fs::write(&list, "man/*/man1\n").unwrap();
+    let out = env
+        .cmd()
+        .arg("backup")
+        .arg(&src)
+        .args(["--exclude", "py/test", "--exclude", "/nowhere/x"])
+        .arg("--exclude-file")
+        .arg(&list)
+        .output()
+        .unwrap();
+    assert_success(&out, "backup with excludes");
+    assert_eq!(
+        snapshot_paths(&env, &src),
+        set(&[
+            "keep",
+            "man/",
+            "man/en/",
+            "man/en/man5/",
+            "man/en/man5/fs.5",
+            "py/",
+            "py/main.py"
+        ])
+    );
+    let err = stderr(&out);
+    assert!(
+        err.contains("\"/nowhere/x\" matched nothing") && !err.contains("py/test\" matched"),
+        "{err}"
+    );
 }

@@ -157,7 +157,7 @@ fn ls_prints_every_path_of_the_snapshot_as_an_absolute_path() {
     let env = TestEnv::with_repo();
     let src = small_tree(&env);
     env.backup(&[&src], &[]);
-    let lines: BTreeSet<String> = ls_lines(&env, &["latest"]).into_iter().collect();
+    let lines: BTreeSet<String> = ls_lines(&env, &["-R", "latest"]).into_iter().collect();
     let s = src.to_str().unwrap();
     for rel in ["a.txt", "sub", "sub/c.txt", "link", "pipe"] {
         let p = format!("{s}/{rel}");
@@ -181,7 +181,7 @@ fn ls_with_a_path_lists_only_that_subtree() {
     let src = small_tree(&env);
     env.backup(&[&src], &[]);
     let sub = format!("{}/sub", src.display());
-    let lines = ls_lines(&env, &["latest", &sub]);
+    let lines = ls_lines(&env, &["latest", &sub, "--recursive"]);
     assert!(lines.contains(&format!("{sub}/c.txt")), "{lines:#?}");
     for line in &lines {
         assert!(line.starts_with(&sub), "{line:?} lies outside {sub}");
@@ -193,7 +193,7 @@ fn ls_long_shows_mode_owner_size_and_mtime() {
     let env = TestEnv::with_repo();
     let src = small_tree(&env);
     env.backup(&[&src], &[]);
-    let lines = ls_lines(&env, &["-l", "latest"]);
+    let lines = ls_lines(&env, &["-l", "-R", "latest"]);
     let a = format!("{}/a.txt", src.display());
     let line = lines
         .iter()
@@ -218,7 +218,11 @@ fn ls_json_gives_path_type_and_size() {
     let env = TestEnv::with_repo();
     let src = small_tree(&env);
     env.backup(&[&src], &[]);
-    let out = env.cmd().args(["ls", "--json", "latest"]).output().unwrap();
+    let out = env
+        .cmd()
+        .args(["ls", "--json", "-R", "latest"])
+        .output()
+        .unwrap();
     assert_success(&out, "cairn ls --json");
     let v = parse_json(&out.stdout, "cairn ls --json");
     let entries = v.as_array().unwrap_or_else(|| panic!("an array: {v}"));
@@ -315,9 +319,9 @@ fn ls_into_a_pipe_closed_early_exits_successfully() {
     }
     env.backup(&[&src], &[]);
     for args in [
-        &["ls", "latest"][..],
-        &["ls", "-l", "latest"],
-        &["ls", "--json", "latest"],
+        &["ls", "-R", "latest"][..],
+        &["ls", "-l", "-R", "latest"],
+        &["ls", "--json", "-R", "latest"],
     ] {
         let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
         let (_, out) = read_then_close_pipe(&env, &args, 10);
@@ -409,4 +413,31 @@ fn cat_of_a_path_not_in_the_snapshot_fails_and_names_it() {
         "cairn cat of a file newer than the snapshot",
     );
     let _ = fs::remove_file(&missing);
+}
+
+/// r21.12: `ls` was always recursive (25,253 lines for one directory); like ls(1) it
+/// lists one level, and `--recursive` everything below.
+#[test]
+fn ls_lists_one_level_unless_recursive() {
+    let env = TestEnv::with_repo();
+    let src = small_tree(&env);
+    env.backup(&[&src], &[]);
+    let s = src.display().to_string();
+    let mut lines = ls_lines(&env, &["latest", &s]);
+    lines.sort();
+    let want: Vec<String> = ["a.txt", "link", "pipe", "sub"]
+        .iter()
+        .map(|n| format!("{s}/{n}"))
+        .collect();
+    assert_eq!(lines, want, "the directory's entries, not sub/c.txt");
+    // The root lists its top directory only.
+    let top = ls_lines(&env, &["latest"]);
+    assert_eq!(top.len(), 1, "{top:?}");
+    // A file lists itself.
+    assert_eq!(
+        ls_lines(&env, &["latest", &format!("{s}/a.txt")]),
+        [format!("{s}/a.txt")]
+    );
+    let all = ls_lines(&env, &["latest", &s, "-R"]);
+    assert!(all.contains(&format!("{s}/sub/c.txt")), "{all:?}");
 }

@@ -156,3 +156,27 @@ fn no_password_for_an_explicit_repository_is_an_error_not_a_hang() {
         stderr(&out)
     );
 }
+
+/// r21.8: global options were mixed into each command's options, `CAIRN_PASSWORD`
+/// appeared nowhere, and exit code 2 was undocumented.
+#[test]
+fn help_groups_global_options_and_lists_the_environment_and_exit_codes() {
+    let env = TestEnv::new();
+    for args in [
+        &["--help"][..],
+        &["restore", "--help"],
+        &["backup", "--help"],
+    ] {
+        let out = env.bare_cmd().args(args).output().unwrap();
+        assert_success(&out, &format!("cairn {args:?}"));
+        let text = stdout(&out);
+        assert!(text.contains("Environment:"), "{args:?}: {text}");
+        assert!(text.contains("  CAIRN_PASSWORD "), "{args:?}: {text}");
+        assert!(text.contains("2 usage error"), "{args:?}: {text}");
+        if args.len() > 1 {
+            let (own, global) = text.split_once("Global options:").expect("a heading");
+            assert!(global.contains("--password-file"), "{text}");
+            assert!(!own.contains("--password-file"), "{text}");
+        }
+    }
+}

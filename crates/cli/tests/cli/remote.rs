@@ -196,10 +196,10 @@ fn cycle(address: &str) {
 
     // The local cache: with it, `ls` downloads only the config and the key file; with
     // an empty one, also the index, the snapshot and the trees.
-    let warm = requests(&env, address, &["ls", "latest"]);
+    let warm = requests(&env, address, &["ls", "-R", "latest"]);
     assert_eq!(json_u64(&warm["requests"], "get"), 2, "{warm}");
     std::fs::remove_dir_all(env.path("home/.cache/cairn")).unwrap();
-    let cold = requests(&env, address, &["ls", "latest"]);
+    let cold = requests(&env, address, &["ls", "-R", "latest"]);
     assert!(json_u64(&cold["requests"], "get") > 2, "{warm} then {cold}");
 
     let check = |what: &str| {

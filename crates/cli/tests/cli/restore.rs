@@ -462,3 +462,64 @@ fn overwrite_replaces_a_symlinked_directory_in_the_target_instead_of_writing_int
         b"restored contents\n"
     );
 }
+
+/// r21.3: `restore --delete` removed what the user did not expect without listing it,
+/// and a mistyped `--target` was wiped. `--dry-run -v` lists every path it would write,
+/// keep or delete; `--delete -v` names what it deleted; an unrelated target is refused.
+#[test]
+fn restore_delete_lists_what_it_removes_and_refuses_an_unrelated_target() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("same.txt"), b"same\n");
+    write_file(&src.join("changed.txt"), b"new\n");
+    write_file(&src.join("sub/new.txt"), b"n\n");
+    env.backup(&[&src], &[]);
+    let spec = format!("latest:{}", src.display());
+
+    let target = env.path("target");
+    env.restore(&spec, &target, &[]);
+    write_file(&target.join("changed.txt"), b"edited locally\n");
+    write_file(&target.join("extra.txt"), b"x\n");
+    std::fs::remove_file(target.join("sub/new.txt")).unwrap();
+    let before = files_below(&target);
+
+    let out = env.restore(&spec, &target, &["--delete", "--dry-run", "-v"]);
+    let text = stdout(&out);
+    let t = target.display();
+    for line in [
+        format!("write     {t}/changed.txt"),
+        format!("unchanged {t}/same.txt"),
+        format!("write     {t}/sub/new.txt"),
+        format!("delete    {t}/extra.txt"),
+    ] {
+        assert!(text.contains(&line), "{line:?} in:\n{text}");
+    }
+    assert!(
+        text.contains("2 to write, 1 unchanged, 0 to keep as they are, 1 to delete"),
+        "{text}"
+    );
+    assert_eq!(files_below(&target), before, "a dry run changes nothing");
+
+    let out = env.restore(&spec, &target, &["--delete", "-v"]);
+    assert!(
+        stderr(&out).contains(&format!("deleted {t}/extra.txt")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!target.join("extra.txt").exists());
+
+    // A target that has nothing in common with the snapshot: refused, untouched.
+    let wrong = env.path("wrong");
+    write_file(&wrong.join("thesis.tex"), b"years of work\n");
+    let out = env
+        .cmd()
+        .args(["restore", &spec, "--delete", "--target"])
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    assert_exit(&out, 1, "restore --delete into an unrelated target");
+    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    assert!(wrong.join("thesis.tex").exists());
+    env.restore(&spec, &wrong, &["--delete", "--force"]);
+    assert!(!wrong.join("thesis.tex").exists(), "--force deletes");
+}

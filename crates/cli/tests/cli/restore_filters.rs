@@ -275,7 +275,13 @@ fn restore_filter_delete_with_filters_removes_only_selected_extras() {
     );
     write_file(&target.join("keep.bin"), b"not selected: stays");
     let spec = format!("latest:{}", src.display());
-    let s = restore_json(&env, &spec, &target, &["--delete", "--include", "*.txt"]);
+    // --force: the target shares no name with the snapshot, which --delete refuses alone.
+    let s = restore_json(
+        &env,
+        &spec,
+        &target,
+        &["--delete", "--force", "--include", "*.txt"],
+    );
     assert_eq!(json_u64(&s, "deleted"), 1, "{s}");
     assert_eq!(
         names(&target),

@@ -95,7 +95,7 @@ fn every_reader_refuses_a_tree_with_a_climbing_name_and_names_the_tree() {
     let runs: Vec<(&str, assert_cmd::Command)> = vec![
         ("ls", {
             let mut c = env.cmd();
-            c.args(["ls", "latest"]);
+            c.args(["ls", "-R", "latest"]);
             c
         }),
         ("find", {

@@ -124,6 +124,8 @@ pub struct BackupReport {
     pub snapshot: Snapshot,
     pub parent: Option<SnapshotId>,
     pub stats: BackupStats,
+    /// `--exclude` patterns that left nothing out, as typed.
+    pub excludes_unmatched: Vec<String>,
 }
 
 /// Registers a backup session, then (re)reads the trash and the index and records the
@@ -199,7 +201,10 @@ pub fn backup(
         match commit(repo, &session, tree, stats, meta, opts, started)? {
             Committed::Done(report) => {
                 session.finish();
-                return Ok(*report);
+                return Ok(BackupReport {
+                    excludes_unmatched: excludes.unmatched(),
+                    ..*report
+                });
             }
             // The source is still there: the next round reads what those packs held.
             Committed::Unsafe(packs) if rounds < MAX_ROUNDS => {
@@ -347,6 +352,7 @@ fn commit(
         snapshot,
         parent: meta.parent,
         stats,
+        excludes_unmatched: Vec::new(),
     })))
 }
 

@@ -95,6 +95,27 @@ pub fn walk(
     prefix: &[u8],
     visit: &mut dyn FnMut(&[u8], &Node) -> Result<()>,
 ) -> Result<()> {
+    visit_below(repo, tree, prefix, true, visit)
+}
+
+/// Calls `visit` with the path and node of each entry of `tree` itself, names in byte
+/// order (`ls` without `--recursive`).
+pub fn list(
+    repo: &Repository,
+    tree: &BlobId,
+    prefix: &[u8],
+    visit: &mut dyn FnMut(&[u8], &Node) -> Result<()>,
+) -> Result<()> {
+    visit_below(repo, tree, prefix, false, visit)
+}
+
+fn visit_below(
+    repo: &Repository,
+    tree: &BlobId,
+    prefix: &[u8],
+    recursive: bool,
+    visit: &mut dyn FnMut(&[u8], &Node) -> Result<()>,
+) -> Result<()> {
     let tree = repo.read_tree(tree)?;
     for node in &tree.nodes {
         let mut path = prefix.to_vec();
@@ -103,8 +124,8 @@ pub fn walk(
         }
         path.extend_from_slice(&node.name);
         visit(&path, node)?;
-        if let NodeKind::Dir { subtree } = &node.kind {
-            walk(repo, subtree, &path, visit)?;
+        if let (true, NodeKind::Dir { subtree }) = (recursive, &node.kind) {
+            visit_below(repo, subtree, &path, true, visit)?;
         }
     }
     Ok(())

@@ -20,7 +20,7 @@ use crate::monitor::Monitor;
 use crate::pack::BlobKind;
 use crate::repo::Repository;
 use crate::session::{Session, SessionKind};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, SnapshotFilter};
 use crate::tree::{NodeKind, Tree};
 use crate::writer::BlobWriter;
 
@@ -28,6 +28,8 @@ use crate::writer::BlobWriter;
 pub struct CopyOptions {
     /// Snapshots of the source to copy; empty means all of them.
     pub snapshots: Vec<SnapshotId>,
+    /// With no `snapshots`: copy only those this selects.
+    pub filter: SnapshotFilter,
     /// Host name recorded in the destination's session file.
     pub host: String,
 }
@@ -72,7 +74,7 @@ pub fn copy(
     };
 
     let wanted: Vec<(SnapshotId, Snapshot)> = if opts.snapshots.is_empty() {
-        src.snapshots()?.snapshots
+        crate::ops::select::snapshots(src, &opts.filter)?.snapshots
     } else {
         opts.snapshots
             .iter()

@@ -1,8 +1,14 @@
-//! `--exclude` patterns, as restic users write them: a pattern without `/` matches a file
-//! or directory name anywhere in the tree; one with `/` matches the absolute path, where
-//! `*` stays within one component and `**` spans several.
+//! `--exclude` patterns, with restic's meaning: a pattern without `/` matches a file or
+//! directory name anywhere in the tree; one with `/` matches the end of the absolute path
+//! (`py/test` excludes `/data/py/test`), unless it starts with `/`, which anchors it at
+//! the root. `*` stays within one component and `**` spans several. An excluded
+//! directory is left out whole.
+//!
+//! Each pattern remembers whether it matched anything, so that a backup can warn about
+//! a pattern that left nothing out (a typo, or a path written for another tree).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
@@ -11,37 +17,53 @@ use crate::error::{Error, Result};
 pub struct Excludes {
     names: GlobSet,
     paths: GlobSet,
+    /// The patterns as typed, in the order of `names` then `paths`.
+    raw: Vec<String>,
+    /// Whether pattern `i` of `raw` matched some path.
+    hit: Vec<AtomicBool>,
 }
 
 impl Excludes {
     pub fn new(patterns: &[String]) -> Result<Self> {
-        let mut names = GlobSetBuilder::new();
-        let mut paths = GlobSetBuilder::new();
+        let mut names = (GlobSetBuilder::new(), Vec::new());
+        let mut paths = (GlobSetBuilder::new(), Vec::new());
         for raw in patterns {
             let pattern = raw.trim_end_matches('/');
             if pattern.is_empty() {
                 continue;
             }
-            let glob = GlobBuilder::new(pattern)
+            // Unanchored: a suffix of the path, any number of components deep.
+            let full = match pattern.contains('/') {
+                true if !pattern.starts_with('/') && !pattern.starts_with("**/") => {
+                    format!("**/{pattern}")
+                }
+                _ => pattern.to_string(),
+            };
+            let glob = GlobBuilder::new(&full)
                 .literal_separator(true)
                 .backslash_escape(true)
                 .build()
                 .map_err(|e| {
                     Error::InvalidInput(format!("Exclude pattern {raw:?} does not parse: {e}"))
                 })?;
-            if pattern.contains('/') {
-                paths.add(glob);
+            let set = if pattern.contains('/') {
+                &mut paths
             } else {
-                names.add(glob);
-            }
+                &mut names
+            };
+            set.0.add(glob);
+            set.1.push(raw.clone());
         }
         let build = |b: GlobSetBuilder| {
             b.build()
                 .map_err(|e| Error::InvalidInput(format!("Exclude patterns do not parse: {e}")))
         };
+        let raw: Vec<String> = names.1.into_iter().chain(paths.1).collect();
         Ok(Excludes {
-            names: build(names)?,
-            paths: build(paths)?,
+            names: build(names.0)?,
+            paths: build(paths.0)?,
+            hit: raw.iter().map(|_| AtomicBool::new(false)).collect(),
+            raw,
         })
     }
 
@@ -58,10 +80,30 @@ impl Excludes {
 
     pub fn matches(&self, path: &Path) -> bool {
         // Checked first: taking the file name parses the path, for every entry walked.
-        if self.names.is_empty() && self.paths.is_empty() {
+        if self.raw.is_empty() {
             return false;
         }
-        path.file_name().is_some_and(|n| self.names.is_match(n)) || self.paths.is_match(path)
+        let mark = |found: Vec<usize>, offset: usize| {
+            for i in &found {
+                self.hit[offset + i].store(true, Ordering::Relaxed);
+            }
+            !found.is_empty()
+        };
+        let by_name = path
+            .file_name()
+            .is_some_and(|n| mark(self.names.matches(n), 0));
+        let by_path = mark(self.paths.matches(path), self.names.len());
+        by_name || by_path
+    }
+
+    /// The patterns that have matched nothing so far, as typed.
+    pub fn unmatched(&self) -> Vec<String> {
+        self.raw
+            .iter()
+            .zip(&self.hit)
+            .filter(|(_, hit)| !hit.load(Ordering::Relaxed))
+            .map(|(raw, _)| raw.clone())
+            .collect()
     }
 }
 
@@ -82,11 +124,29 @@ mod tests {
     }
 
     #[test]
-    fn path_patterns_match_the_absolute_path() {
+    fn anchored_path_patterns_match_the_absolute_path() {
         let e = ex(&["/home/*/cache", "/srv/**/tmp"]);
         assert!(e.matches(Path::new("/home/u/cache")));
         assert!(!e.matches(Path::new("/home/u/x/cache")));
         assert!(e.matches(Path::new("/srv/a/b/tmp")));
+        assert!(!e.matches(Path::new("/x/home/u/cache")));
+    }
+
+    #[test]
+    fn unanchored_path_patterns_match_a_suffix_of_the_path() {
+        let e = ex(&["py/test", "man/*/man1"]);
+        assert!(e.matches(Path::new("/data/py/test")));
+        assert!(e.matches(Path::new("/a/b/man/en/man1")));
+        assert!(!e.matches(Path::new("/data/py/test2")));
+        assert!(!e.matches(Path::new("/data/xpy/test")));
+        assert!(!e.matches(Path::new("/a/man/en/x/man1")));
+    }
+
+    #[test]
+    fn patterns_that_matched_nothing_are_reported() {
+        let e = ex(&["*.o", "py/test", "nothing"]);
+        assert!(e.matches(Path::new("/data/py/test")));
+        assert_eq!(e.unmatched(), ["*.o", "nothing"]);
     }
 
     #[test]

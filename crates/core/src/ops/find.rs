@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::id::{BlobId, SnapshotId};
 use crate::ops::select;
 use crate::repo::Repository;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, SnapshotFilter};
 use crate::tree::{Node, NodeKind, Time};
 
 /// A file size condition, as find(1) writes it: `+N`, `-N`, `=N`.
@@ -36,6 +36,8 @@ pub struct FindOptions {
     pub patterns: Vec<String>,
     /// Snapshots to search (`latest`, ids, prefixes); empty: all of them.
     pub snapshots: Vec<String>,
+    /// Which snapshots "all of them" and `latest` mean.
+    pub filter: SnapshotFilter,
     /// Applies to regular files only; other entries never match it.
     pub size: Option<SizeFilter>,
     /// Modified strictly after this time.
@@ -92,13 +94,13 @@ pub fn find(repo: &Repository, opts: &FindOptions) -> Result<FindReport> {
     let matcher = Matcher::new(opts)?;
     let mut report = FindReport::default();
     let snapshots: Vec<(SnapshotId, Snapshot)> = if opts.snapshots.is_empty() {
-        let list = repo.snapshots()?;
+        let list = select::snapshots(repo, &opts.filter)?;
         report.damaged = list.damaged;
         list.snapshots
     } else {
         let mut chosen = Vec::new();
         for spec in &opts.snapshots {
-            let found = select::find_snapshot(repo, spec)?;
+            let found = select::find_snapshot(repo, spec, &opts.filter)?;
             if !chosen.iter().any(|(id, _)| *id == found.0) {
                 chosen.push(found);
             }

@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::id::SnapshotId;
 use crate::repo::Repository;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, SnapshotFilter};
 
 #[derive(Debug, Clone, Default)]
 pub struct KeepPolicy {
@@ -88,6 +88,34 @@ impl std::str::FromStr for GroupBy {
     }
 }
 
+/// The fields a group shares: those of [`GroupBy`], the others `None`.
+pub type GroupKey = (Option<String>, Option<Vec<String>>, Option<Vec<String>>);
+
+impl GroupBy {
+    /// `snapshots` grouped by these fields, groups in key order, each in the given order.
+    pub fn group(
+        self,
+        snapshots: &[(SnapshotId, Snapshot)],
+    ) -> Vec<(GroupKey, Vec<&(SnapshotId, Snapshot)>)> {
+        let mut groups: BTreeMap<GroupKey, Vec<&(SnapshotId, Snapshot)>> = BTreeMap::new();
+        for item in snapshots {
+            let s = &item.1;
+            let sorted = |v: &Vec<String>| {
+                let mut v = v.clone();
+                v.sort();
+                v
+            };
+            let key = (
+                self.host.then(|| s.host.clone()),
+                self.paths.then(|| sorted(&s.paths)),
+                self.tags.then(|| sorted(&s.tags)),
+            );
+            groups.entry(key).or_default().push(item);
+        }
+        groups.into_iter().collect()
+    }
+}
+
 /// Parses restic's duration form for `--keep-within`: `1y2m3d4h` (years, months, days, hours).
 pub fn parse_within(s: &str) -> Result<Span, String> {
     let bad = || format!("{s:?} is not a duration like 1y2m3d4h (years, months, days, hours)");
@@ -140,23 +168,8 @@ pub fn plan(
     group_by: GroupBy,
     tz: &TimeZone,
 ) -> Vec<Group> {
-    type Key = (Option<String>, Option<Vec<String>>, Option<Vec<String>>);
-    let mut groups: BTreeMap<Key, Vec<&(SnapshotId, Snapshot)>> = BTreeMap::new();
-    for item in snapshots {
-        let s = &item.1;
-        let sorted = |v: &Vec<String>| {
-            let mut v = v.clone();
-            v.sort();
-            v
-        };
-        let key = (
-            group_by.host.then(|| s.host.clone()),
-            group_by.paths.then(|| sorted(&s.paths)),
-            group_by.tags.then(|| sorted(&s.tags)),
-        );
-        groups.entry(key).or_default().push(item);
-    }
-    groups
+    group_by
+        .group(snapshots)
         .into_iter()
         .map(|((host, paths, tags), mut items)| {
             items.sort_by(|a, b| b.1.time.cmp(&a.1.time).then(b.0.cmp(&a.0)));
@@ -254,11 +267,12 @@ pub struct ForgetReport {
     pub dry_run: bool,
 }
 
-/// Removes the snapshots `policy` does not keep (none when `dry_run`).
+/// Removes the snapshots among those `filter` selects that `policy` does not keep (none when `dry_run`).
 pub fn forget(
     repo: &Repository,
     policy: &KeepPolicy,
     group_by: GroupBy,
+    filter: &SnapshotFilter,
     dry_run: bool,
 ) -> Result<ForgetReport> {
     if policy.is_empty() {
@@ -266,7 +280,7 @@ pub fn forget(
             "No policy given, so nothing would be kept: pass --keep-last, --keep-daily, ... or snapshot ids".into(),
         ));
     }
-    let list = repo.snapshots()?;
+    let list = crate::ops::select::snapshots(repo, filter)?;
     let groups = plan(&list.snapshots, policy, group_by, &TimeZone::system());
     let doomed: Vec<SnapshotId> = groups
         .iter()

@@ -15,6 +15,7 @@ pub mod repair;
 pub mod restore;
 pub mod restore_filter;
 mod restore_packs;
+pub mod restore_plan;
 mod restore_target;
 pub mod select;
 pub mod stats;

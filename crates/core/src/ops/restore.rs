@@ -76,6 +76,8 @@ pub struct RestoreOptions {
     /// Remove entries of the target's restored directories that the snapshot does not
     /// hold and the filters select.
     pub delete: bool,
+    /// With `delete`, also into a target that shares no name with what is restored.
+    pub force: bool,
     /// Make no FIFOs or device nodes (sockets are never made); each one left out is
     /// listed in `RestoreStats::specials_skipped`.
     pub no_special_files: bool,
@@ -98,6 +100,8 @@ pub struct RestoreStats {
     pub unchanged: u64,
     /// Files, links and directories removed from the target by `delete`.
     pub deleted: u64,
+    /// Their paths.
+    pub deleted_paths: Vec<String>,
     /// Temporary files of an interrupted restore that were removed.
     pub temp_files_removed: u64,
     /// Sockets are not restored: the program that made one makes it again.
@@ -146,6 +150,7 @@ pub fn restore(
         Entry::Root(tree) => filter.check_all_match(repo, Some(tree), None)?,
         Entry::Node(node) => filter.check_all_match(repo, None, Some((node, &start_path)))?,
     }
+    check_target(repo, &start, opts)?;
     let (target, existed) = prepare_target(&opts.target, opts.overwrite.is_some())?;
     let target = Arc::new(target);
     raise_open_files_limit();
@@ -213,6 +218,60 @@ pub fn restore(
     walked?;
     r.stats.duration_ms = started.elapsed().as_millis() as u64;
     Ok(r.stats)
+}
+
+/// Refuses a target that is not empty without an overwrite mode, and with `delete`
+/// (unless `force`) one that shares no name with what `start` restores into it: a
+/// mistyped `--target` would otherwise be emptied without a word. A look by path, before
+/// anything is written; `prepare_target` checks emptiness again on the opened directory.
+pub(crate) fn check_target(repo: &Repository, start: &Entry, opts: &RestoreOptions) -> Result<()> {
+    let target = &opts.target;
+    let mut present = Vec::new();
+    match std::fs::read_dir(target) {
+        Ok(entries) => {
+            for e in entries {
+                present.push(e.map_err(|e| Error::io(target, e))?.file_name());
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(target, e)),
+    }
+    if present.is_empty() {
+        return Ok(());
+    }
+    if opts.overwrite.is_none() {
+        return Err(Error::TargetNotEmpty {
+            target: target.clone(),
+        });
+    }
+    if !opts.delete || opts.force {
+        return Ok(());
+    }
+    let names: HashSet<Vec<u8>> = match start {
+        Entry::Root(tree) => repo
+            .read_tree(tree)?
+            .nodes
+            .into_iter()
+            .map(|n| n.name)
+            .collect(),
+        Entry::Node(Node {
+            kind: NodeKind::Dir { subtree },
+            ..
+        }) => repo
+            .read_tree(subtree)?
+            .nodes
+            .into_iter()
+            .map(|n| n.name)
+            .collect(),
+        Entry::Node(node) => HashSet::from([node.name.clone()]),
+    };
+    if present.iter().any(|n| names.contains(n.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Error::TargetUnrelated {
+            target: target.clone(),
+        })
+    }
 }
 
 /// Threads writing file contents. Reading a blob is a request to the store (tens of
@@ -610,6 +669,9 @@ impl Restorer<'_> {
             match dir.remove_all(&entry.name) {
                 Ok(()) => {
                     self.stats.deleted += 1;
+                    self.stats
+                        .deleted_paths
+                        .push(path.to_string_lossy().into_owned());
                     self.monitor.file_done(&path, 0);
                 }
                 Err(e) => self.problem(&path, &format!("not deleted: {e}")),

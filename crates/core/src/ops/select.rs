@@ -3,15 +3,36 @@
 
 use crate::error::{Error, Result};
 use crate::id::SnapshotId;
-use crate::repo::Repository;
-use crate::snapshot::Snapshot;
+use crate::repo::{Repository, SnapshotList};
+use crate::snapshot::{Snapshot, SnapshotFilter};
 
 /// How many suggestions an error lists.
 const SUGGESTIONS: usize = 5;
 
-/// Resolves `latest`, a full id or a unique prefix, as [`Repository::find_snapshot`]
-/// does; when nothing matches, the error lists the existing snapshots closest to `spec`.
-pub fn find_snapshot(repo: &Repository, spec: &str) -> Result<(SnapshotId, Snapshot)> {
+/// The snapshots `filter` selects, oldest first (damaged ones are listed apart, whatever
+/// the filter: their host and tags cannot be read).
+pub fn snapshots(repo: &Repository, filter: &SnapshotFilter) -> Result<SnapshotList> {
+    let mut list = repo.snapshots()?;
+    list.snapshots.retain(|(_, s)| filter.matches(s));
+    Ok(list)
+}
+
+/// Resolves `latest` (the newest snapshot `filter` selects), a full id or a unique
+/// prefix (whatever the filter: an id names one snapshot); when nothing matches, the
+/// error lists the existing snapshots closest to `spec`.
+pub fn find_snapshot(
+    repo: &Repository,
+    spec: &str,
+    filter: &SnapshotFilter,
+) -> Result<(SnapshotId, Snapshot)> {
+    if spec == "latest" && !filter.is_empty() {
+        return snapshots(repo, filter)?
+            .snapshots
+            .pop()
+            .ok_or_else(|| Error::NoSnapshotMatches {
+                filter: filter.to_string(),
+            });
+    }
     match repo.find_snapshot(spec) {
         Err(Error::SnapshotNotFound { spec }) => {
             let list = repo.snapshots()?;

@@ -129,7 +129,7 @@ fn repository_stats(repo: &Repository) -> Result<StatsReport> {
 fn snapshot_stats(repo: &Repository, specs: &[String]) -> Result<StatsReport> {
     let mut chosen: Vec<(SnapshotId, Snapshot)> = Vec::new();
     for spec in specs {
-        let found = select::find_snapshot(repo, spec)?;
+        let found = select::find_snapshot(repo, spec, &Default::default())?;
         if !chosen.iter().any(|(id, _)| *id == found.0) {
             chosen.push(found);
         }
