@@ -1,4 +1,5 @@
-//! Named, write-once files on some backend: a local directory, SFTP, or S3.
+//! Named, write-once files on some backend: a local directory, SFTP, S3, or a
+//! `cairn serve` repository server.
 //!
 //! This crate knows nothing of what the bytes mean: no ids, no encryption, no packs.
 //! It promises what a deduplicating repository needs from any backend: relative names,
@@ -12,13 +13,14 @@ mod local;
 mod location;
 mod name;
 mod remote;
+pub mod rest;
 mod ssh_orphans;
 pub mod testsuite;
 
 pub use counts::RequestCounts;
 pub use error::{Result, StorageError};
-pub use local::LocalStorage;
-pub use location::{open, Location};
+pub use local::{LocalStorage, PendingWrite};
+pub use location::{open, open_with, Location, OpenOptions};
 pub use remote::{RemoteStorage, S3Config, SftpConfig};
 
 use std::time::SystemTime;
