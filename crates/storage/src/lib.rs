@@ -25,6 +25,12 @@ pub use remote::{RemoteStorage, S3Config, SftpConfig};
 
 use std::time::SystemTime;
 
+/// Whether `name` follows the naming rules of [`Storage`]; what every backend checks
+/// before touching anything.
+pub fn is_valid_name(name: &str) -> bool {
+    name::validate_name(name)
+}
+
 /// Deletes `name` if it is there: for files that another process (a prune, a session's
 /// own cleanup) may have removed first, where either way the file is gone as wanted.
 pub fn delete_if_present(storage: &dyn Storage, name: &str) -> Result<()> {
