@@ -176,7 +176,7 @@ pub enum ServeCommand {
     Quota {
         repo: String,
         #[arg(value_parser = parse_quota)]
-        size: Option<u64>,
+        size: Quota,
     },
     /// Put back the objects deleted within the deletion delay
     Undelete {
@@ -215,12 +215,16 @@ pub enum TokenCommand {
     Remove { name: String },
 }
 
+/// A quota in bytes, or none.
+#[derive(Debug, Clone, Copy)]
+pub struct Quota(pub Option<u64>);
+
 /// A size, or `none` for no limit.
-fn parse_quota(s: &str) -> Result<Option<u64>, String> {
+fn parse_quota(s: &str) -> Result<Quota, String> {
     if s == "none" {
-        return Ok(None);
+        return Ok(Quota(None));
     }
-    parse_size_u64(s).map(Some)
+    parse_size_u64(s).map(|n| Quota(Some(n)))
 }
 
 /// `30s`, `10m`, `12h`, `7d`; a bare number is seconds.

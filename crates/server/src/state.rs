@@ -71,10 +71,11 @@ impl State {
         &self.options.dir
     }
 
-    /// The access file as it is now (looked at no more than once a second).
-    pub fn access(&self) -> Result<Arc<Access>> {
+    /// The access file as it is now (looked at no more than once a second, unless
+    /// `now`: a token that was not found may have been added this very second).
+    pub fn access(&self, now: bool) -> Result<Arc<Access>> {
         let mut loaded = lock(&self.access);
-        if loaded.checked.elapsed().as_millis() >= 1000 {
+        if now || loaded.checked.elapsed().as_millis() >= 1000 {
             loaded.checked = Instant::now();
             let now = modified(&crate::access::access_file(self.dir()));
             if now != loaded.modified {

@@ -202,8 +202,8 @@ impl RestStorage {
                 }
                 if status == StatusCode::UNAUTHORIZED {
                     reason.push_str(&format!(
-                        " (set {TOKEN_VAR} to a token that `cairn serve token add` printed for \
-                         this repository)"
+                        " (set {TOKEN_VAR} to the token `cairn serve token add` made for this \
+                         repository)"
                     ));
                 }
                 StorageError::Refused {

@@ -77,6 +77,7 @@ pub fn run(g: &GlobalArgs, a: ServeArgs) -> Result<u8> {
             Ok(0)
         }
         Some(ServeCommand::Quota { repo, size }) => {
+            let size = size.0;
             if !cairn_server::access::valid_repo_name(&repo) {
                 bail!("{repo:?} cannot name a repository");
             }
