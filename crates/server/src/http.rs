@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path, Query, Request, State as Ax};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -556,7 +556,6 @@ async fn receive(
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        let data: Bytes = data;
         received += data.len() as u64;
         if received > len {
             return Err(refuse(
