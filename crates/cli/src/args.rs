@@ -101,6 +101,10 @@ pub struct GlobalArgs {
     /// Where to keep those copies (default: $XDG_CACHE_HOME/cairn)
     #[arg(long, env = "CAIRN_CACHE_DIR", global = true, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Trust the certificate authorities in this PEM file, instead of the system's, for a
+    /// rest:https:// repository server
+    #[arg(long, env = "CAIRN_CACERT", global = true, value_name = "FILE")]
+    pub cacert: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -146,6 +150,120 @@ pub enum Command {
     /// Manage the repository's keys: several passwords, rotation after a leak
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Serve the repositories in a directory over HTTPS, to clients with tokens
+    Serve(ServeArgs),
+}
+
+/// `cairn serve --dir DIR --listen ADDR`, or one of the management commands on DIR.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The directory whose subdirectories are the repositories
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+    /// Listen on HOST:PORT (plain HTTP only on a loopback address; else give --tls-cert
+    /// and --tls-key)
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The server's certificate chain (PEM)
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM)
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// How long deleted objects are kept (and `serve undelete` can put them back) before
+    /// they are freed: 30s, 10m, 12h, 7d
+    #[arg(long, value_name = "TIME", default_value = "7d", value_parser = parse_duration)]
+    pub delete_delay: std::time::Duration,
+    /// The largest upload accepted
+    #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size_u64)]
+    pub max_body: u64,
+    /// Connections served at once; more wait their turn
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_connections: usize,
+    /// How long a request may wait for its headers, or between two pieces of its body
+    #[arg(long, value_name = "TIME", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: std::time::Duration,
+    #[command(subcommand)]
+    pub command: Option<ServeCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServeCommand {
+    /// Make, list and remove the tokens clients present
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Limit the bytes a repository may hold (deleted objects still held count), or
+    /// `none`
+    Quota {
+        repo: String,
+        #[arg(value_parser = parse_quota)]
+        size: Quota,
+    },
+    /// Put back the objects deleted within the deletion delay
+    Undelete {
+        repo: String,
+        /// Only list them
+        #[arg(long)]
+        list: bool,
+    },
+    /// Re-hash the stored objects against their names (no key needed) and report damage
+    Scrub {
+        /// One repository (default: all)
+        repo: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make a token; it is printed once, as the last word on standard output
+    Add {
+        /// A name for the token (for `token list`, `token remove` and the access log)
+        name: String,
+        /// The repository it opens
+        #[arg(long)]
+        repo: String,
+        /// read, append (back up; never overwrite or delete), maintain (also delete, for
+        /// forget and prune: held for the deletion delay), admin
+        #[arg(long)]
+        rights: cairn_server::access::Rights,
+        /// The most bytes it may upload in all
+        #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
+        quota: Option<u64>,
+    },
+    /// List the tokens (never the tokens themselves: only their hashes are stored)
+    List,
+    /// Remove a token; clients using it are refused from then on
+    Remove { name: String },
+}
+
+/// A quota in bytes, or none.
+#[derive(Debug, Clone, Copy)]
+pub struct Quota(pub Option<u64>);
+
+/// A size, or `none` for no limit.
+fn parse_quota(s: &str) -> Result<Quota, String> {
+    if s == "none" {
+        return Ok(Quota(None));
+    }
+    parse_size_u64(s).map(|n| Quota(Some(n)))
+}
+
+/// `30s`, `10m`, `12h`, `7d`; a bare number is seconds.
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a time like 30s, 10m, 12h or 7d"))?;
+    let secs = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return Err(format!("{s:?} is not a time like 30s, 10m, 12h or 7d")),
+    };
+    Ok(std::time::Duration::from_secs(n.saturating_mul(secs)))
 }
 
 /// `--host`, `--tag`, `--path`: which snapshots a command considers, and so which one

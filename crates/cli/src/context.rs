@@ -284,12 +284,26 @@ pub fn request_counts() -> Vec<(String, Arc<RequestCounts>)> {
     OPENED.lock().map(|v| v.clone()).unwrap_or_default()
 }
 
-/// The store at the repository's address: a local path, `s3:...` or `sftp:...`.
+/// `--cacert`, for every store the command opens (`copy` opens two).
+static CA_CERT: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+pub fn set_ca_cert(path: Option<PathBuf>) {
+    if let Ok(mut ca) = CA_CERT.lock() {
+        *ca = path;
+    }
+}
+
+/// The store at the repository's address: a local path, `s3:...`, `sftp:...` or
+/// `rest:...` (with the token from `CAIRN_REST_TOKEN`).
 fn storage_at(path: &Path) -> Result<Arc<dyn Storage>> {
     let address = path
         .to_str()
         .context("The repository address is not valid UTF-8")?;
-    let storage = cairn_core::storage::open(address)?;
+    let mut options = cairn_core::storage::OpenOptions::from_env();
+    if let Some(ca) = CA_CERT.lock().ok().and_then(|ca| ca.clone()) {
+        options.ca_cert = Some(ca);
+    }
+    let storage = cairn_core::storage::open_with(address, &options)?;
     if let (Some(counts), Ok(mut opened)) = (storage.request_counts(), OPENED.lock()) {
         opened.push((storage.location(), counts));
     }

@@ -62,6 +62,18 @@ pub enum StorageError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// A repository server (`cairn serve`) refused the request for a reason it gave: a
+    /// token without the right, a quota used up, an object outside the repository's
+    /// layout. Not retried: asking again gets the same answer.
+    #[error("The server {location} refused to {op} {name} (HTTP {status}): {reason}")]
+    Refused {
+        op: &'static str,
+        name: String,
+        location: String,
+        status: u16,
+        reason: String,
+    },
+
     /// Any other I/O failure; `op` says what was being done, e.g. "read" or "sync".
     #[error("Cannot {op} {name} in {location}")]
     Io {

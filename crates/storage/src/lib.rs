@@ -1,4 +1,5 @@
-//! Named, write-once files on some backend: a local directory, SFTP, or S3.
+//! Named, write-once files on some backend: a local directory, SFTP, S3, or a
+//! `cairn serve` repository server.
 //!
 //! This crate knows nothing of what the bytes mean: no ids, no encryption, no packs.
 //! It promises what a deduplicating repository needs from any backend: relative names,
@@ -12,16 +13,23 @@ mod local;
 mod location;
 mod name;
 mod remote;
+pub mod rest;
 mod ssh_orphans;
 pub mod testsuite;
 
 pub use counts::RequestCounts;
 pub use error::{Result, StorageError};
-pub use local::LocalStorage;
-pub use location::{open, Location};
+pub use local::{LocalStorage, PendingWrite};
+pub use location::{open, open_with, Location, OpenOptions};
 pub use remote::{RemoteStorage, S3Config, SftpConfig};
 
 use std::time::SystemTime;
+
+/// Whether `name` follows the naming rules of [`Storage`]; what every backend checks
+/// before touching anything.
+pub fn is_valid_name(name: &str) -> bool {
+    name::validate_name(name)
+}
 
 /// Deletes `name` if it is there: for files that another process (a prune, a session's
 /// own cleanup) may have removed first, where either way the file is gone as wanted.

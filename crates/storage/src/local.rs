@@ -174,9 +174,21 @@ impl LocalStorage {
         Ok(())
     }
 
-    /// Writes `data` to a new temporary file in `dir` and fsyncs it.
-    fn write_temp(&self, dir: &Path, name: &str, data: &[u8]) -> Result<TempFile> {
-        let path = dir.join(format!(
+    /// Starts writing object `name`: its bytes go to a new temporary file beside it,
+    /// given in pieces with [`PendingWrite::write_all`], and
+    /// [`PendingWrite::commit`] makes it appear under its name, as [`Storage::write`]
+    /// does. For bodies too large to hold in memory at once (the repository server
+    /// streams uploads this way); dropped without `commit`, nothing is left behind.
+    pub fn begin_write(&self, name: &str) -> Result<PendingWrite> {
+        let path = self.path(name)?;
+        // Not needed for correctness (the link in `commit` decides), but spares writing
+        // and syncing the data in the common case of a duplicate.
+        if fs::symlink_metadata(&path).is_ok() {
+            return Err(self.already_exists(name));
+        }
+        let dir = parent_dir(&path).to_owned();
+        self.create_dirs(&dir, name)?;
+        let temp = dir.join(format!(
             "{TEMP_PREFIX}{}",
             hex::encode(rand::random::<[u8; 8]>())
         ));
@@ -184,20 +196,78 @@ impl LocalStorage {
         options.write(true).create_new(true);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, FILE_MODE);
-        let mut file = options
-            .open(&path)
+        let file = options
+            .open(&temp)
             .map_err(|err| self.write_error("create temporary file for", name, err))?;
-        // From here on the guard removes the file on every error path.
-        let temp = TempFile { path };
-        file.write_all(data)
-            .map_err(|err| self.write_error("write", name, err))?;
+        Ok(PendingWrite {
+            storage: self.clone(),
+            name: name.to_owned(),
+            path,
+            file,
+            // From here on the guard removes the file on every error path.
+            temp: TempFile { path: temp },
+        })
+    }
+
+    fn already_exists(&self, name: &str) -> StorageError {
+        StorageError::AlreadyExists {
+            name: name.to_owned(),
+            location: self.location(),
+        }
+    }
+}
+
+/// An object being written by [`LocalStorage::begin_write`].
+#[derive(Debug)]
+pub struct PendingWrite {
+    storage: LocalStorage,
+    name: String,
+    path: PathBuf,
+    file: File,
+    temp: TempFile,
+}
+
+impl PendingWrite {
+    /// Appends `data` to the object's bytes.
+    pub fn write_all(&mut self, data: &[u8]) -> Result<()> {
+        self.file
+            .write_all(data)
+            .map_err(|err| self.storage.write_error("write", &self.name, err))
+    }
+
+    /// Makes the object durable under its name; [`StorageError::AlreadyExists`] if the
+    /// name was taken meanwhile (the existing file is untouched).
+    pub fn commit(self) -> Result<()> {
+        let PendingWrite {
+            storage,
+            name,
+            path,
+            file,
+            temp,
+        } = self;
         file.sync_all()
-            .map_err(|err| self.write_error("sync", name, err))?;
-        Ok(temp)
+            .map_err(|err| storage.write_error("sync", &name, err))?;
+        drop(file);
+        match fs::hard_link(&temp.path, &path) {
+            Ok(()) => {}
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(storage.already_exists(&name))
+            }
+            Err(err) => return Err(storage.write_error("link", &name, err)),
+        }
+        drop(temp);
+        if let Err(err) = sync_dir(parent_dir(&path)) {
+            // The name may not survive a crash, so do not report it as written; removing
+            // it keeps the promise that a failed write leaves nothing behind.
+            let _ = fs::remove_file(&path);
+            return Err(storage.write_error("sync", &name, err));
+        }
+        Ok(())
     }
 }
 
 /// Removes the temporary file when dropped, after success as on failure.
+#[derive(Debug)]
 struct TempFile {
     path: PathBuf,
 }
@@ -243,32 +313,9 @@ impl Storage for LocalStorage {
     }
 
     fn write(&self, name: &str, data: &[u8]) -> Result<()> {
-        let path = self.path(name)?;
-        let already_exists = || StorageError::AlreadyExists {
-            name: name.to_owned(),
-            location: self.location(),
-        };
-        // Not needed for correctness (the link below decides), but spares writing and
-        // syncing the data in the common case of a duplicate.
-        if fs::symlink_metadata(&path).is_ok() {
-            return Err(already_exists());
-        }
-        let dir = parent_dir(&path);
-        self.create_dirs(dir, name)?;
-        let temp = self.write_temp(dir, name, data)?;
-        match fs::hard_link(&temp.path, &path) {
-            Ok(()) => {}
-            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => return Err(already_exists()),
-            Err(err) => return Err(self.write_error("link", name, err)),
-        }
-        drop(temp);
-        if let Err(err) = sync_dir(dir) {
-            // The name may not survive a crash, so do not report it as written; removing
-            // it keeps the promise that a failed write leaves nothing behind.
-            let _ = fs::remove_file(&path);
-            return Err(self.write_error("sync", name, err));
-        }
-        Ok(())
+        let mut pending = self.begin_write(name)?;
+        pending.write_all(data)?;
+        pending.commit()
     }
 
     fn list(&self, dir: &str) -> Result<Vec<String>> {

@@ -8,12 +8,16 @@
 //!   with `CAIRN_S3_ALLOW_HTTP=1` (see [`http_refusal`])
 //! - `sftp://[user@]host[:port]/path` (relative to the login directory; `//path` is
 //!   absolute) or `sftp:[user@]host:path`, reached with the user's `ssh` setup
+//! - `rest:https://host[:port]/repo`: a repository on a `cairn serve` server, with the
+//!   token from `CAIRN_REST_TOKEN`; plain `http://` only to a loopback address or with
+//!   `CAIRN_REST_ALLOW_HTTP=1`
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::error::{Result, StorageError};
 use crate::remote::{RemoteStorage, S3Config, SftpConfig};
+use crate::rest::{RestConfig, RestStorage};
 use crate::{LocalStorage, Storage};
 
 #[derive(Debug, Clone)]
@@ -21,6 +25,7 @@ pub enum Location {
     Local(PathBuf),
     S3(S3Config),
     Sftp(SftpConfig),
+    Rest(RestConfig),
 }
 
 impl Location {
@@ -29,6 +34,13 @@ impl Location {
         if let Some(rest) = s.strip_prefix("s3:") {
             return parse_s3(rest).ok_or_else(|| {
                 format!("{s:?} is not an S3 address: use s3:https://HOST[:PORT]/BUCKET[/PREFIX]")
+            });
+        }
+        if let Some(rest) = s.strip_prefix("rest:") {
+            return parse_rest(rest).ok_or_else(|| {
+                format!(
+                    "{s:?} is not a repository server address: use rest:https://HOST[:PORT]/REPO"
+                )
             });
         }
         if let Some(rest) = s.strip_prefix("sftp://") {
@@ -68,6 +80,24 @@ fn parse_s3(rest: &str) -> Option<Location> {
         access_key_id: env("AWS_ACCESS_KEY_ID"),
         secret_access_key: env("AWS_SECRET_ACCESS_KEY"),
         profile: env("AWS_PROFILE"),
+    }))
+}
+
+fn parse_rest(rest: &str) -> Option<Location> {
+    let (scheme, after) = rest.split_once("://")?;
+    if !matches!(scheme, "http" | "https") {
+        return None;
+    }
+    let (host, repo) = after.split_once('/')?;
+    let repo = repo.trim_end_matches('/');
+    if host.is_empty() || !crate::name::valid_component(repo) || repo.starts_with('.') {
+        return None;
+    }
+    Some(Location::Rest(RestConfig {
+        endpoint: format!("{scheme}://{host}"),
+        repo: repo.to_string(),
+        token: None,
+        ca_cert: None,
     }))
 }
 
@@ -164,8 +194,38 @@ fn http_allowed_by_env() -> bool {
     std::env::var(ALLOW_HTTP_VAR).is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
 }
 
-/// Opens the store at `address`.
+/// The environment variable that allows `rest:http://` to a server not on this machine.
+pub const REST_ALLOW_HTTP_VAR: &str = "CAIRN_REST_ALLOW_HTTP";
+
+/// What a store may need besides its address: credentials and trust for a repository
+/// server. [`OpenOptions::from_env`] takes them from the environment.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// The bearer token for `rest:` addresses.
+    pub rest_token: Option<String>,
+    /// A PEM file of certificate authorities to trust for `rest:https://` instead of the
+    /// system's.
+    pub ca_cert: Option<PathBuf>,
+}
+
+impl OpenOptions {
+    /// `CAIRN_REST_TOKEN` and `CAIRN_CACERT`.
+    pub fn from_env() -> Self {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        OpenOptions {
+            rest_token: env(crate::rest::TOKEN_VAR),
+            ca_cert: env("CAIRN_CACERT").map(PathBuf::from),
+        }
+    }
+}
+
+/// Opens the store at `address`, with credentials from the environment.
 pub fn open(address: &str) -> Result<Arc<dyn Storage>> {
+    open_with(address, &OpenOptions::from_env())
+}
+
+/// Opens the store at `address`.
+pub fn open_with(address: &str, options: &OpenOptions) -> Result<Arc<dyn Storage>> {
     let invalid = |reason: String| StorageError::InvalidAddress {
         address: address.to_string(),
         reason,
@@ -176,10 +236,31 @@ pub fn open(address: &str) -> Result<Arc<dyn Storage>> {
             return Err(invalid(reason));
         }
     }
+    if let Location::Rest(config) = &location {
+        let opted_in = std::env::var(REST_ALLOW_HTTP_VAR)
+            .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"));
+        if let Some(host) = config.endpoint.strip_prefix("http://") {
+            if !opted_in && !is_loopback(host) {
+                return Err(invalid(format!(
+                    "Refusing plain HTTP to the repository server {host}: the token and every \
+                     object would cross the network unencrypted. Use rest:https://{host}/..., or \
+                     set {REST_ALLOW_HTTP_VAR}=1 (a loopback address needs no opt-in)"
+                )));
+            }
+        }
+    }
     Ok(match location {
         Location::Local(path) => Arc::new(LocalStorage::new(path)),
         Location::S3(config) => Arc::new(RemoteStorage::s3(&config, address.to_string())?),
         Location::Sftp(config) => Arc::new(RemoteStorage::sftp(&config, address.to_string())?),
+        Location::Rest(config) => {
+            let config = RestConfig {
+                token: options.rest_token.clone(),
+                ca_cert: options.ca_cert.clone(),
+                ..config
+            };
+            Arc::new(RestStorage::new(&config, address.to_string())?)
+        }
     })
 }
 
@@ -237,6 +318,37 @@ mod tests {
         for secure in ["s3:https://nas:9000/b", "s3:s3.amazonaws.com/b"] {
             assert_eq!(http_refusal(&s3(secure), false), None, "{secure}");
         }
+    }
+
+    #[test]
+    fn rest_addresses_name_one_repository() {
+        let Ok(Location::Rest(c)) = Location::parse("rest:https://backup.example:8443/laptop/")
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (c.endpoint.as_str(), c.repo.as_str()),
+            ("https://backup.example:8443", "laptop")
+        );
+        for bad in [
+            "rest:https://host",
+            "rest:https://host/",
+            "rest:https://host/a/b",
+            "rest:https://host/..",
+            "rest:https://host/.cairn-serve",
+            "rest:ftp://host/r",
+            "rest:host/r",
+        ] {
+            assert!(Location::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn plain_http_to_a_repository_server_only_on_loopback() {
+        let err = open_with("rest:http://192.0.2.1:8000/r", &OpenOptions::default())
+            .expect_err("plain HTTP across the network is refused");
+        assert!(err.to_string().contains("CAIRN_REST_ALLOW_HTTP=1"), "{err}");
+        assert!(open_with("rest:http://127.0.0.1:8000/r", &OpenOptions::default()).is_ok());
     }
 
     #[test]

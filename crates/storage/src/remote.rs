@@ -91,7 +91,7 @@ const DEFAULT_RETRIES: usize = 6;
 /// Whole attempts at an SFTP upload; see [`RemoteStorage::write`].
 const SFTP_WRITE_ATTEMPTS: u32 = 3;
 
-fn retries(location: &str) -> Result<usize> {
+pub(crate) fn retries(location: &str) -> Result<usize> {
     match std::env::var("CAIRN_RETRIES") {
         Err(_) => Ok(DEFAULT_RETRIES),
         Ok(v) => v.trim().parse().map_err(|e| StorageError::Remote {

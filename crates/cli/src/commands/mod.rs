@@ -15,6 +15,7 @@ mod init;
 mod key;
 mod repair;
 mod restore;
+mod serve;
 mod snapshots;
 mod stats;
 
@@ -54,6 +55,7 @@ pub fn snapshot_filter(a: &FilterArgs) -> Result<SnapshotFilter> {
 /// Runs the command; returns the exit code.
 pub fn run(cli: Cli) -> Result<u8> {
     let g = &cli.global;
+    crate::context::set_ca_cert(g.cacert.clone());
     match cli.command {
         Command::Init(a) => init::run(g, a),
         Command::Backup(a) => backup::run(g, a),
@@ -74,5 +76,6 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Config(c) => config::run(g, c),
         Command::Copy(a) => copy::run(g, a),
         Command::Key(k) => key::run(g, k),
+        Command::Serve(a) => serve::run(g, a),
     }
 }

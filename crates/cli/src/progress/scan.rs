@@ -118,6 +118,7 @@ mod tests {
             stats: false,
             no_cache: false,
             cache_dir: None,
+            cacert: None,
         }
     }
 

@@ -36,6 +36,7 @@ mod restore;
 mod restore_filters;
 mod restore_race;
 mod restore_untrusted;
+mod serve;
 mod snapshot_filters;
 mod stats;
 mod trust_concurrency;

@@ -1,0 +1,695 @@
+//! The HTTP side: the listener (TLS through rustls, or plain HTTP on loopback), limits,
+//! the access log, and one handler per request kind of the protocol in
+//! `cairn_storage::rest`.
+//!
+//! Every request is authenticated first (401 without a valid token, before anything
+//! about the repository is revealed), then scoped (403 for a token of another
+//! repository or without the right), then checked against the layout. File work runs
+//! on the runtime's worker threads through `block_in_place`, which the
+//! multi-threaded runtime allows; uploads stream to a temporary file as they arrive.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State as Ax};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use cairn_storage::rest::ListEntry;
+use cairn_storage::{Storage, StorageError};
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::rustls;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+use crate::access::{now_secs, valid_repo_name, Rights, TokenEntry};
+use crate::layout::{self, Kind};
+use crate::state::State;
+use crate::{deleted, Error, Result, ServeOptions};
+
+/// Serves until the process ends. `ready` is told the bound address (a port of 0 picks
+/// a free one) and whether it is HTTPS, once connections are accepted.
+pub fn serve(options: ServeOptions, ready: impl FnOnce(SocketAddr, bool)) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("start the runtime for", &options.dir, e))?;
+    runtime.block_on(run(options, ready))
+}
+
+async fn run(options: ServeOptions, ready: impl FnOnce(SocketAddr, bool)) -> Result<()> {
+    let addr = tokio::net::lookup_host(&options.listen)
+        .await
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "Cannot resolve the listen address {:?}: give HOST:PORT, such as 127.0.0.1:8000",
+                options.listen
+            ))
+        })?;
+    let acceptor = match &options.tls {
+        Some((cert, key)) => Some(tls_acceptor(cert, key)?),
+        None if addr.ip().is_loopback() => None,
+        None => {
+            return Err(Error::Invalid(format!(
+                "Refusing plain HTTP on {addr}, which is not a loopback address: tokens and \
+                 objects would cross the network unencrypted. Give --tls-cert and --tls-key, or \
+                 listen on 127.0.0.1 behind a reverse proxy that does TLS"
+            )))
+        }
+    };
+    if !options.dir.is_dir() {
+        return Err(Error::Invalid(format!(
+            "{} is not a directory: create it, or give the directory whose subdirectories are \
+             the repositories",
+            options.dir.display()
+        )));
+    }
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io("listen on", std::path::Path::new(&options.listen), e))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| Error::io("listen on", std::path::Path::new(&options.listen), e))?;
+    let idle = options.idle_timeout;
+    let connections = Arc::new(Semaphore::new(options.max_connections.max(1)));
+    let state = Arc::new(State::new(options)?);
+    // Once before the first request, so that what is due is freed when `ready` is told.
+    tokio::task::block_in_place(|| sweep(&state));
+    tokio::spawn(housekeeping(Arc::clone(&state)));
+    let app = router(state);
+    ready(local, acceptor.is_some());
+    loop {
+        // Waiting for a permit before accepting leaves extra connections in the
+        // kernel's backlog: they are served in turn rather than refused.
+        let permit = Arc::clone(&connections)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                log_event("accept_failed", &e.to_string());
+                continue;
+            }
+        };
+        let (app, acceptor) = (app.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            connection(stream, peer, acceptor, app, idle).await;
+            drop(permit);
+        });
+    }
+}
+
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    acceptor: Option<TlsAcceptor>,
+    app: Router,
+    idle: Duration,
+) {
+    let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
+        request.extensions_mut().insert(Peer(peer));
+        app.clone().oneshot(request)
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(idle);
+    match acceptor {
+        Some(acceptor) => match tokio::time::timeout(idle, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => {
+                let _ = http.serve_connection(TokioIo::new(tls), service).await;
+            }
+            Ok(Err(e)) => log_event("tls_handshake_failed", &format!("{peer}: {e}")),
+            Err(_) => log_event("tls_handshake_failed", &format!("{peer}: timed out")),
+        },
+        None => {
+            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+        }
+    }
+}
+
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let bad = |path: &std::path::Path, what: &str| {
+        Error::Invalid(format!(
+            "{} holds no {what} in PEM form: give the files your certificate authority issued",
+            path.display()
+        ))
+    };
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<std::result::Result<Vec<_>, _>>())
+        .map_err(|_| bad(cert, "certificate"))?;
+    if certs.is_empty() {
+        return Err(bad(cert, "certificate"));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|_| bad(key, "private key"))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_no_client_auth().with_single_cert(certs, key_der))
+        .map_err(|e| {
+            Error::Invalid(format!(
+                "Cannot use {} with {}: {e}",
+                cert.display(),
+                key.display()
+            ))
+        })?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Frees deleted objects whose delay has passed, and removes uploads a crash left
+/// half-written; at start and then every minute.
+async fn housekeeping(state: Arc<State>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let state = Arc::clone(&state);
+        let _ = tokio::task::spawn_blocking(move || sweep(&state)).await;
+    }
+}
+
+/// Uploads in progress are younger than this; older temporary files are leftovers.
+const STALE_UPLOAD: Duration = Duration::from_secs(3600);
+
+fn sweep(state: &State) {
+    let Ok(entries) = std::fs::read_dir(state.dir()) else {
+        return;
+    };
+    let now = now_secs();
+    for entry in entries.flatten() {
+        let Some(repo) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if !valid_repo_name(&repo) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        match deleted::expire(state.dir(), &repo, state.options.delete_delay, now) {
+            Ok(0) => {}
+            Ok(freed) => {
+                state.freed(&repo, freed);
+                log_event("deleted_freed", &format!("{repo}: {freed} bytes"));
+            }
+            Err(e) => log_event("expire_failed", &format!("{repo}: {e}")),
+        }
+        let store = state.store(&repo);
+        for (name, modified) in store.temporaries().unwrap_or_default() {
+            if modified.elapsed().is_ok_and(|age| age > STALE_UPLOAD) {
+                let _ = store.delete_temporary(&name);
+            }
+        }
+    }
+}
+
+pub(crate) fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/{repo}", get(list))
+        .route(
+            "/{repo}/{*name}",
+            get(read).head(head).put(write).delete(delete),
+        )
+        .layer(middleware::from_fn(access_log))
+        .with_state(state)
+}
+
+#[derive(Clone, Copy)]
+struct Peer(SocketAddr);
+
+/// The token a request was made with, for the access log.
+#[derive(Clone)]
+struct TokenName(String);
+
+/// A refusal: its status and the reason the client shows its user.
+struct Refusal(StatusCode, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let mut response = (self.0, self.1.clone()).into_response();
+        if self.0 == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response.extensions_mut().insert(Reason(self.1));
+        response
+    }
+}
+
+#[derive(Clone)]
+struct Reason(String);
+
+fn refuse(status: StatusCode, reason: impl Into<String>) -> Refusal {
+    Refusal(status, reason.into())
+}
+
+fn internal(e: impl std::fmt::Display) -> Refusal {
+    refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// The answer, marked with the token's name for the access log.
+fn answer(token: Option<&TokenEntry>, result: std::result::Result<Response, Refusal>) -> Response {
+    let mut response = result.unwrap_or_else(IntoResponse::into_response);
+    if let Some(token) = token {
+        response
+            .extensions_mut()
+            .insert(TokenName(token.name.clone()));
+    }
+    response
+}
+
+/// The token of the request if it may act on `repo` with `needed`.
+fn authorize(
+    state: &State,
+    headers: &HeaderMap,
+    repo: &str,
+    needed: Rights,
+) -> std::result::Result<TokenEntry, Refusal> {
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let mut access = state.access(false).map_err(internal)?;
+    if presented.is_some_and(|p| access.find(p).is_none()) {
+        access = state.access(true).map_err(internal)?;
+    }
+    let Some(token) = presented.and_then(|p| access.find(p)) else {
+        return Err(refuse(
+            StatusCode::UNAUTHORIZED,
+            "no valid token in an Authorization: Bearer header",
+        ));
+    };
+    if token.repo != repo {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "the token {} is for the repository {}, not {repo}",
+                token.name, token.repo
+            ),
+        ));
+    }
+    if token.rights < needed {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "the token {} has the right {}; this needs {}",
+                token.name,
+                token.rights.as_str(),
+                needed.as_str()
+            ),
+        ));
+    }
+    Ok(token.clone())
+}
+
+fn check_name(name: &str) -> std::result::Result<(), Refusal> {
+    if cairn_storage::is_valid_name(name) {
+        Ok(())
+    } else {
+        Err(refuse(
+            StatusCode::BAD_REQUEST,
+            format!("{name:?} is not a valid object name"),
+        ))
+    }
+}
+
+fn storage_refusal(e: StorageError) -> Refusal {
+    match e {
+        StorageError::NotFound { name, .. } => {
+            refuse(StatusCode::NOT_FOUND, format!("{name} does not exist"))
+        }
+        StorageError::AlreadyExists { name, .. } => refuse(
+            StatusCode::CONFLICT,
+            format!("{name} exists already, and objects are never replaced"),
+        ),
+        StorageError::NoSpace { .. } => refuse(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "the server's disk is full: tell its operator",
+        ),
+        e => internal(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ListQuery {
+    list: Option<String>,
+}
+
+async fn list(
+    Ax(state): Ax<Arc<State>>,
+    Path(repo): Path<String>,
+    Query(query): Query<ListQuery>,
+    headers: HeaderMap,
+) -> Response {
+    let token = match authorize(&state, &headers, &repo, Rights::Read) {
+        Ok(token) => token,
+        Err(refusal) => return answer(None, Err(refusal)),
+    };
+    let result = (|| {
+        let dir = query
+            .list
+            .ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "expected ?list=DIR"))?;
+        if !dir.is_empty() {
+            check_name(&dir)?;
+        }
+        let store = state.store(&repo);
+        let files =
+            tokio::task::block_in_place(|| store.list_modified(&dir)).map_err(storage_refusal)?;
+        let entries: Vec<ListEntry> = files
+            .into_iter()
+            .map(|(name, time)| ListEntry {
+                name,
+                modified_ns: time
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64),
+            })
+            .collect();
+        let json = serde_json::to_vec(&entries).map_err(internal)?;
+        Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+    })();
+    answer(Some(&token), result)
+}
+
+async fn read(
+    Ax(state): Ax<Arc<State>>,
+    Path((repo, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let token = match authorize(&state, &headers, &repo, Rights::Read) {
+        Ok(token) => token,
+        Err(refusal) => return answer(None, Err(refusal)),
+    };
+    let result = (|| {
+        check_name(&name)?;
+        let store = state.store(&repo);
+        let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+        let Some(range) = range else {
+            let data =
+                tokio::task::block_in_place(|| store.read(&name)).map_err(storage_refusal)?;
+            return Ok((StatusCode::OK, data).into_response());
+        };
+        let (start, end) = parse_range(range).ok_or_else(|| {
+            refuse(
+                StatusCode::BAD_REQUEST,
+                format!("expected Range: bytes=START-END, not {range:?}"),
+            )
+        })?;
+        match tokio::task::block_in_place(|| store.read_range(&name, start, end - start + 1)) {
+            Ok(data) => Ok((
+                StatusCode::PARTIAL_CONTENT,
+                [(header::CONTENT_RANGE, format!("bytes {start}-{end}/*"))],
+                data,
+            )
+                .into_response()),
+            Err(StorageError::Truncated { size, .. }) => Err(refuse(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                format!("{name} has {size} bytes"),
+            )),
+            Err(e) => Err(storage_refusal(e)),
+        }
+    })();
+    answer(Some(&token), result)
+}
+
+/// `bytes=START-END`, inclusive, as the client sends it.
+fn parse_range(range: &str) -> Option<(u64, u64)> {
+    let (start, end) = range.strip_prefix("bytes=")?.split_once('-')?;
+    let (start, end) = (start.parse().ok()?, end.parse().ok()?);
+    (start <= end).then_some((start, end))
+}
+
+async fn head(
+    Ax(state): Ax<Arc<State>>,
+    Path((repo, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let token = match authorize(&state, &headers, &repo, Rights::Read) {
+        Ok(token) => token,
+        Err(refusal) => return answer(None, Err(refusal)),
+    };
+    let result = (|| {
+        check_name(&name)?;
+        let store = state.store(&repo);
+        let size = tokio::task::block_in_place(|| store.size(&name)).map_err(storage_refusal)?;
+        let mut response = StatusCode::OK.into_response();
+        response
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+        Ok(response)
+    })();
+    answer(Some(&token), result)
+}
+
+async fn write(
+    Ax(state): Ax<Arc<State>>,
+    Path((repo, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let token = match authorize(&state, &headers, &repo, Rights::Append) {
+        Ok(token) => token,
+        Err(refusal) => return answer(None, Err(refusal)),
+    };
+    let result = write_checked(&state, &repo, &name, &token, &headers, body).await;
+    answer(Some(&token), result)
+}
+
+async fn write_checked(
+    state: &State,
+    repo: &str,
+    name: &str,
+    token: &TokenEntry,
+    headers: &HeaderMap,
+    body: Body,
+) -> std::result::Result<Response, Refusal> {
+    check_name(name)?;
+    let kind = layout::classify(name);
+    if kind.is_none() && token.rights < Rights::Admin {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{name} is not a name in the repository layout (config, keys/, data/XX/, \
+                 index/, snapshots/, sessions/ or trash/ and a BLAKE3 hash)"
+            ),
+        ));
+    }
+    let len: u64 = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| {
+            refuse(
+                StatusCode::LENGTH_REQUIRED,
+                "the upload needs a Content-Length",
+            )
+        })?;
+    let limit = match kind {
+        Some(Kind::Config) => layout::MAX_CONFIG,
+        _ => state.options.max_body,
+    };
+    if len > limit {
+        return Err(refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("{name}: {len} bytes is more than the {limit} this server accepts"),
+        ));
+    }
+    let access = state.access(false).map_err(internal)?;
+    state
+        .reserve(repo, token, len, &access)
+        .map_err(|q| refuse(StatusCode::INSUFFICIENT_STORAGE, q.0))?;
+    let stored = receive(state, repo, name, kind, len, body).await;
+    if stored.is_err() {
+        state.release(repo, token, len);
+        return stored.map(|()| StatusCode::CREATED.into_response());
+    }
+    if matches!(
+        kind,
+        Some(Kind::Hashed {
+            dir: "sessions",
+            ..
+        })
+    ) {
+        state.record_owner(repo, name, token).map_err(internal)?;
+    }
+    state.save_usage().map_err(internal)?;
+    Ok(StatusCode::CREATED.into_response())
+}
+
+/// Streams the body into a new object, checking its length and, for hash-named
+/// objects, its hash before it is linked into place.
+async fn receive(
+    state: &State,
+    repo: &str,
+    name: &str,
+    kind: Option<Kind<'_>>,
+    len: u64,
+    mut body: Body,
+) -> std::result::Result<(), Refusal> {
+    let store = state.store(repo);
+    let mut pending =
+        tokio::task::block_in_place(|| store.begin_write(name)).map_err(storage_refusal)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut received = 0u64;
+    loop {
+        let frame = tokio::time::timeout(state.options.idle_timeout, body.frame())
+            .await
+            .map_err(|_| {
+                refuse(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("{name}: the upload stalled"),
+                )
+            })?;
+        let Some(frame) = frame else { break };
+        let frame = frame.map_err(|e| {
+            refuse(
+                StatusCode::BAD_REQUEST,
+                format!("{name}: the upload broke off: {e}"),
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        received += data.len() as u64;
+        if received > len {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                format!("{name}: the body is longer than its Content-Length"),
+            ));
+        }
+        hasher.update(&data);
+        tokio::task::block_in_place(|| pending.write_all(&data)).map_err(storage_refusal)?;
+    }
+    if received != len {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            format!("{name}: {received} bytes arrived of the {len} announced"),
+        ));
+    }
+    if let Some(Kind::Hashed { hash, .. }) = kind {
+        let actual = hasher.finalize();
+        if actual.to_hex().as_str() != hash {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "{name}: the body's BLAKE3 hash is {actual}, not its name: objects are named \
+                     by the hash of their bytes"
+                ),
+            ));
+        }
+    }
+    tokio::task::block_in_place(|| pending.commit()).map_err(storage_refusal)
+}
+
+async fn delete(
+    Ax(state): Ax<Arc<State>>,
+    Path((repo, name)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    // Every token that may write may delete its own session files; what it may delete
+    // otherwise is decided once the name is known.
+    let token = match authorize(&state, &headers, &repo, Rights::Append) {
+        Ok(token) => token,
+        Err(refusal) => return answer(None, Err(refusal)),
+    };
+    let result = delete_checked(&state, &repo, &name, &token);
+    answer(Some(&token), result)
+}
+
+fn delete_checked(
+    state: &State,
+    repo: &str,
+    name: &str,
+    token: &TokenEntry,
+) -> std::result::Result<Response, Refusal> {
+    check_name(name)?;
+    // A missing object is 404 whatever the rights: a session file another process
+    // of the same token removed first is no reason to refuse. Every token may read,
+    // so this tells it nothing new.
+    let store = state.store(repo);
+    if !tokio::task::block_in_place(|| store.exists(name)).map_err(storage_refusal)? {
+        return Err(refuse(
+            StatusCode::NOT_FOUND,
+            format!("{name} does not exist"),
+        ));
+    }
+    let needed = match layout::classify(name) {
+        Some(Kind::Hashed {
+            dir: "sessions", ..
+        }) if state.is_owner(repo, name, token) => Rights::Append,
+        Some(Kind::Hashed {
+            dir: "sessions", ..
+        }) => Rights::Maintain,
+        Some(Kind::Hashed {
+            dir: "data" | "index" | "snapshots" | "trash",
+            ..
+        }) => Rights::Maintain,
+        // Key files, the config and names outside the layout.
+        _ => Rights::Admin,
+    };
+    if token.rights < needed {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "the token {} has the right {}; deleting {name} needs {}",
+                token.name,
+                token.rights.as_str(),
+                needed.as_str()
+            ),
+        ));
+    }
+    if let Some(Kind::Hashed {
+        dir: "sessions", ..
+    }) = layout::classify(name)
+    {
+        // Session files hold no history (heartbeats of running commands): freed at once.
+        let size = tokio::task::block_in_place(|| store.size(name)).map_err(storage_refusal)?;
+        tokio::task::block_in_place(|| store.delete(name)).map_err(storage_refusal)?;
+        state.forget_owner(repo, name);
+        state.freed(repo, size);
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
+    match tokio::task::block_in_place(|| deleted::hold(state.dir(), repo, name, now_secs())) {
+        Ok(_) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Err(Error::NotFound(_)) => Err(refuse(
+            StatusCode::NOT_FOUND,
+            format!("{name} does not exist"),
+        )),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// One JSON line per request on standard error: time, peer, token, method, path,
+/// status, duration, and the reason of a refusal.
+async fn access_log(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().to_string();
+    let path = request.uri().path().to_string();
+    let peer = request.extensions().get::<Peer>().map(|p| p.0.to_string());
+    let response = next.run(request).await;
+    let line = serde_json::json!({
+        "time": now_secs(),
+        "peer": peer,
+        "token": response.extensions().get::<TokenName>().map(|t| t.0.clone()),
+        "method": method,
+        "path": path,
+        "status": response.status().as_u16(),
+        "ms": started.elapsed().as_millis() as u64,
+        "reason": response.extensions().get::<Reason>().map(|r| r.0.clone()),
+    });
+    eprintln!("{line}");
+    response
+}
+
+fn log_event(event: &str, detail: &str) {
+    eprintln!(
+        "{}",
+        serde_json::json!({"time": now_secs(), "event": event, "detail": detail})
+    );
+}
