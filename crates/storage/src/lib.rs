@@ -33,6 +33,42 @@ pub fn is_valid_name(name: &str) -> bool {
 
 /// Deletes `name` if it is there: for files that another process (a prune, a session's
 /// own cleanup) may have removed first, where either way the file is gone as wanted.
+/// Where a ranged read of `len` bytes at `offset` ends; or, for a read that fetches
+/// nothing, its answer: nothing if the range lies within the object, else `Truncated`.
+pub(crate) fn range_end(
+    storage: &dyn Storage,
+    name: &str,
+    offset: u64,
+    len: u64,
+) -> std::result::Result<u64, Result<Vec<u8>>> {
+    match offset.checked_add(len) {
+        Some(end) if len > 0 => Ok(end),
+        _ => Err(storage
+            .size(name)
+            .and_then(|size| match offset.checked_add(len) {
+                Some(end) if end <= size => Ok(Vec::new()),
+                _ => Err(range_truncated(storage, name, offset, len, size)),
+            })),
+    }
+}
+
+/// A ranged read past the end of an object of `size` bytes.
+pub(crate) fn range_truncated(
+    storage: &dyn Storage,
+    name: &str,
+    offset: u64,
+    len: u64,
+    size: u64,
+) -> StorageError {
+    StorageError::Truncated {
+        name: name.to_string(),
+        location: storage.location(),
+        offset,
+        len,
+        size,
+    }
+}
+
 pub fn delete_if_present(storage: &dyn Storage, name: &str) -> Result<()> {
     match storage.delete(name) {
         Ok(()) | Err(StorageError::NotFound { .. }) => Ok(()),

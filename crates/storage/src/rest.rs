@@ -325,23 +325,10 @@ impl Storage for RestStorage {
 
     fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
         self.check(name)?;
-        let truncated = |size: u64| StorageError::Truncated {
-            name: name.to_string(),
-            location: self.location.clone(),
-            offset,
-            len,
-            size,
-        };
-        let end = match offset.checked_add(len) {
-            Some(end) if len > 0 => end,
-            // Nothing to fetch: only whether the range lies within the object matters.
-            _ => {
-                let size = self.size(name)?;
-                return match offset.checked_add(len) {
-                    Some(end) if end <= size => Ok(Vec::new()),
-                    _ => Err(truncated(size)),
-                };
-            }
+        let truncated = |size| crate::range_truncated(self, name, offset, len, size);
+        let end = match crate::range_end(self, name, offset, len) {
+            Ok(end) => end,
+            Err(answer) => return answer,
         };
         let url = self.url(name);
         let response = self
