@@ -96,6 +96,20 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         let mut v = serde_json::to_value(&stats)?;
         v["snapshot_id"] = id.to_hex().into();
         output::json(&v)?;
+    } else if stats.interrupted {
+        // Files are renamed into place only when complete: what is there is right.
+        let again = match opts.overwrite {
+            Some(Overwrite::IfChanged) => "run the same command again",
+            _ => "run it again with --overwrite if-changed",
+        };
+        eprintln!(
+            "restore interrupted: {} written ({}) to {}, each complete; to finish, {} \
+             (files already restored are kept, the rest written)",
+            output::count(stats.files_restored, "file", "files"),
+            output::size(stats.bytes_restored),
+            a.target.display(),
+            again,
+        );
     } else if !g.quiet {
         println!(
             "Restored snapshot {} to {}: {} written ({}), {}, {}{}{}{}{}{} in {}",
@@ -140,7 +154,9 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
             output::seconds(stats.duration_ms),
         );
     }
-    if stats.errors.is_empty() {
+    if stats.interrupted {
+        Ok(crate::EXIT_INTERRUPTED)
+    } else if stats.errors.is_empty() {
         Ok(0)
     } else {
         eprintln!(
