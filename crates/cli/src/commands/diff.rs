@@ -38,6 +38,7 @@ pub fn run(g: &GlobalArgs, a: DiffArgs) -> Result<u8> {
     let opts = DiffOptions {
         path,
         content: a.content,
+        exclude: super::exclude_options(&a.exclude)?,
         ..DiffOptions::default()
     };
     let monitor = output::StderrMonitor;

@@ -402,3 +402,55 @@ fn diff_of_a_missing_path_suggests_the_closest_names() {
         "report.txt is suggested, zebra is not: {err}"
     );
 }
+
+/// With a live directory, diff leaves out what backup would (`.cairnignore` always,
+/// `--exclude`, `--exclude-caches`, `--exclude-larger-than` when given), so it shows what
+/// the next backup with the same options would add.
+#[test]
+fn diff_against_a_live_directory_leaves_out_what_backup_would() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join(".cairnignore"), b"*.log\n");
+    write_file(&src.join("kept.txt"), b"kept\n");
+    let options = [
+        "--exclude",
+        "build/out",
+        "--exclude-caches",
+        "--exclude-larger-than",
+        "1K",
+    ];
+    env.backup_id(&[&src], &options);
+
+    write_file(&src.join("new.txt"), b"new\n");
+    write_file(&src.join("debug.log"), b"ignored by .cairnignore\n");
+    write_file(&src.join("build/out/a.o"), b"excluded by pattern\n");
+    write_file(
+        &src.join("cache/CACHEDIR.TAG"),
+        b"Signature: 8a477f597d28d172789f06886806bc55\n",
+    );
+    write_file(&src.join("cache/blob"), b"in a tagged cache\n");
+    write_file(&src.join("big.bin"), &[7u8; 2000]);
+
+    let mut args = vec![os("latest"), src.as_os_str()];
+    args.extend(options.iter().map(|o| os(o)));
+    let (changes, _) = diff_json(&env, &args);
+    let added: Vec<String> = paths(&changes);
+    assert_eq!(
+        added,
+        [
+            src.join("build").display().to_string(),
+            src.join("new.txt").display().to_string()
+        ],
+        "only what the next backup stores (build/ itself is not excluded): {changes:?}"
+    );
+
+    // Without the options, only .cairnignore applies.
+    let (changes, _) = diff_json(&env, &[os("latest"), src.as_os_str()]);
+    let listed = paths(&changes);
+    assert!(
+        listed.iter().any(|p| p.ends_with("cache/blob")),
+        "{listed:?}"
+    );
+    assert!(listed.iter().any(|p| p.ends_with("big.bin")), "{listed:?}");
+    assert!(!listed.iter().any(|p| p.ends_with(".log")), "{listed:?}");
+}
