@@ -69,7 +69,8 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
                 Some(_) => {}
             }
         }
-        let stats = restore::restore(&repo, &snapshot, &opts, &monitor);
+        let stats = restore::restore(&repo, &snapshot, &opts, &monitor)
+            .map_err(|e| e.naming_snapshot(&id, &snapshot));
         counting.store(false, Ordering::Relaxed);
         stats
     })?;
@@ -176,7 +177,8 @@ fn dry_run(
     snapshot: &Snapshot,
     opts: &RestoreOptions,
 ) -> Result<u8> {
-    let plan = restore_plan::plan(repo, snapshot, opts)?;
+    let plan =
+        restore_plan::plan(repo, snapshot, opts).map_err(|e| e.naming_snapshot(&id, snapshot))?;
     // (action, JSON key, text)
     let counts = [
         (Action::Write, "write", "to write"),

@@ -211,11 +211,11 @@ pub fn diff(
     // A live directory the snapshot does not hold is more likely a typo than a wish to
     // see every file as added: say which paths the snapshot has.
     for (side, start) in [(old, &a), (new, &b)] {
-        if let (DiffSide::Snapshot { snapshot, .. }, Start::Item(None), Some(l)) =
+        if let (DiffSide::Snapshot { id, snapshot }, Start::Item(None), Some(l)) =
             (side, start, &live)
         {
             if opts.path.is_none() || normalized(l) == top {
-                browse::find(repo, snapshot, &top)?;
+                browse::find(repo, snapshot, &top).map_err(|e| e.naming_snapshot(id, snapshot))?;
             }
         }
     }
@@ -233,8 +233,9 @@ pub fn diff(
         (Start::Item(None), Start::Item(None)) => {
             // Neither side has it: let the first snapshot side say which names exist.
             for side in [old, new] {
-                if let DiffSide::Snapshot { snapshot, .. } = side {
-                    browse::find(repo, snapshot, &top)?;
+                if let DiffSide::Snapshot { id, snapshot } = side {
+                    browse::find(repo, snapshot, &top)
+                        .map_err(|e| e.naming_snapshot(id, snapshot))?;
                 }
             }
             return Err(Error::InvalidInput(format!(
