@@ -454,3 +454,22 @@ fn diff_against_a_live_directory_leaves_out_what_backup_would() {
     assert!(listed.iter().any(|p| p.ends_with("big.bin")), "{listed:?}");
     assert!(!listed.iter().any(|p| p.ends_with(".log")), "{listed:?}");
 }
+
+/// A change smaller than the rounding of both sizes is shown exactly, not as
+/// `38.6 KiB → 38.6 KiB`.
+#[test]
+fn diff_shows_a_change_hidden_by_rounding_in_bytes() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("f.bin"), &random_bytes(39_526, 1));
+    write_file(&src.join("g.bin"), &random_bytes(39_526, 2));
+    let a = env.backup_id(&[&src], &[]);
+    write_file(&src.join("f.bin"), &random_bytes(39_534, 1));
+    write_file(&src.join("g.bin"), &random_bytes(39_520, 2));
+    let b = env.backup_id(&[&src], &[]);
+    let out = env.cmd().args(["diff", &a, &b]).output().unwrap();
+    assert_success(&out, "cairn diff");
+    let text = stdout(&out);
+    assert!(text.contains("(38.6 KiB → 38.6 KiB, +8 B;"), "{text}");
+    assert!(text.contains("(38.6 KiB → 38.6 KiB, -6 B;"), "{text}");
+}
