@@ -26,7 +26,7 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
             .host
             .clone()
             .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
-        username: std::env::var("USER").unwrap_or_default(),
+        username: username(),
         one_file_system: a.one_file_system,
         parent,
         force: a.force,
@@ -80,6 +80,17 @@ fn progress(g: &GlobalArgs, a: &BackupArgs, opts: &BackupOptions) -> Result<Prog
         monitor.stop_on_finish(stop);
     }
     Ok(monitor)
+}
+
+/// The account running the backup: the effective user's name, else `$USER` (a uid
+/// without a passwd entry, as in some containers).
+fn username() -> String {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    match cairn_core::fsmeta::NameCache::default().user(euid) {
+        Some(name) => name.to_owned(),
+        None => std::env::var("USER").unwrap_or_default(),
+    }
 }
 
 fn print(g: &GlobalArgs, r: &BackupReport) -> Result<()> {
