@@ -98,10 +98,11 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         v["snapshot_id"] = id.to_hex().into();
         output::json(&v)?;
     } else if stats.interrupted {
-        // Files are renamed into place only when complete: what is there is right.
+        // Files are renamed into place only when complete: what is there is right, and
+        // every mode but `always` (which rewrites all) keeps it and writes the rest.
         let again = match opts.overwrite {
-            Some(Overwrite::IfChanged) => "run the same command again",
-            _ => "run it again with --overwrite if-changed",
+            None | Some(Overwrite::Always) => "run it again with --overwrite if-changed",
+            Some(_) => "run the same command again",
         };
         eprintln!(
             "restore interrupted: {} written ({}) to {}, each complete; to finish, {} \
