@@ -6,12 +6,12 @@
 //! `tags/<tag>/<time>/` and a `latest` symlink. The layout follows the repository: when
 //! one of its directories is read, the snapshots are listed again (at most once a
 //! second), so snapshots made or forgotten while mounted appear and go; a name keeps its
-//! inode across listings. Directories of snapshots are read when first looked at; a read fetches only the chunks covering the asked range (found by
-//! binary search over the file's chunk offsets), through a small LRU of decrypted chunks.
+//! inode across listings. Directories of snapshots are read when first looked at; a
+//! read fetches only the chunks covering the asked range (found by binary search over
+//! the file's chunk offsets), through a small LRU of decrypted chunks.
 //! Any error from the repository becomes EIO: a reader gets an error, never wrong bytes.
 
-use std::collections::HashMap;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
