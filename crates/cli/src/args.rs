@@ -530,11 +530,9 @@ pub struct InitArgs {
     pub cipher: Option<cairn_core::crypto::Cipher>,
 }
 
+/// What backup leaves out; `diff` with a live directory takes the same options.
 #[derive(Debug, Args)]
-pub struct BackupArgs {
-    /// Files and directories to back up
-    #[arg(required_unless_present = "stdin")]
-    pub paths: Vec<PathBuf>,
+pub struct ExcludeArgs {
     /// Leave out what matches GLOB: without '/', a name anywhere; with '/', the end of
     /// the path (`py/test` leaves out /data/py/test), or from the root if it starts with
     /// '/'; `*` stays within a name, `**` spans directories (repeatable)
@@ -555,6 +553,15 @@ pub struct BackupArgs {
     /// Leave out files larger than SIZE (e.g. 100M)
     #[arg(long, value_name = "SIZE", value_parser = parse_size_u64)]
     pub exclude_larger_than: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    /// Files and directories to back up
+    #[arg(required_unless_present = "stdin")]
+    pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub exclude: ExcludeArgs,
     /// Tag the snapshot (repeatable, or comma-separated: `--tag a,b` gives two tags)
     #[arg(long = "tag", value_delimiter = ',')]
     pub tags: Vec<String>,
@@ -635,6 +642,10 @@ pub struct DiffArgs {
     pub content: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
+    // On the live side, leave out what backup would with these options (.cairnignore
+    // files are always honoured), so that the diff shows what the next backup changes.
+    #[command(flatten)]
+    pub exclude: ExcludeArgs,
 }
 
 #[derive(Debug, Args)]

@@ -3,22 +3,26 @@
 //! trees and verified blobs, and this module turns them into inodes.
 //!
 //! Layout: `snapshots/<time>/`, `ids/<short id>/`, `hosts/<host>/<time>/`,
-//! `tags/<tag>/<time>/` and a `latest` symlink. Directories of snapshots are read when
-//! first looked at; a read fetches only the chunks covering the asked range (found by
-//! binary search over the file's chunk offsets), through a small LRU of decrypted chunks.
+//! `tags/<tag>/<time>/` and a `latest` symlink. The layout follows the repository: when
+//! one of its directories is read, the snapshots are listed again (at most once a
+//! second), so snapshots made or forgotten while mounted appear and go; a name keeps its
+//! inode across listings. Directories of snapshots are read when first looked at; a
+//! read fetches only the chunks covering the asked range (found by binary search over
+//! the file's chunk offsets), through a small LRU of decrypted chunks.
 //! Any error from the repository becomes EIO: a reader gets an error, never wrong bytes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use cairn_core::id::{BlobId, SnapshotId};
-use cairn_core::snapshot::Snapshot;
+use cairn_core::snapshot::{Snapshot, SnapshotFilter};
 use cairn_core::tree::{ContentIndex, Node, NodeKind, Time, Tree};
 use cairn_core::Repository;
 use fuser::{
@@ -30,6 +34,10 @@ use crate::args::{GlobalArgs, MountArgs};
 
 /// Snapshots never change, so the kernel may keep what it learnt for a long time.
 const TTL: Duration = Duration::from_secs(60);
+
+/// The layout changes as snapshots are made and forgotten: the kernel asks again after
+/// this long, and the snapshots are listed again at most this often.
+const LAYOUT_TTL: Duration = Duration::from_secs(1);
 
 /// The LRU of decrypted chunks holds at most this many bytes (and so, with chunks of a
 /// few MiB at most, a handful of them): enough for sequential reads and for several
@@ -47,7 +55,7 @@ pub fn run(g: &GlobalArgs, a: MountArgs) -> Result<u8> {
     for (id, e) in &list.damaged {
         eprintln!("warning: snapshot {} is left out: {e}", id.short());
     }
-    let fs = SnapshotFs::new(Arc::new(repo), list.snapshots);
+    let fs = SnapshotFs::new(repo, filter, list.snapshots);
     crate::signals::install();
     let mut config = fuser::Config::default();
     config.mount_options = vec![
@@ -190,8 +198,13 @@ impl Inodes {
 
 /// The mounted filesystem.
 struct SnapshotFs {
-    repo: Arc<Repository>,
-    snapshots: Vec<(SnapshotId, Snapshot)>,
+    /// Written only to read the index files again when new snapshots appear.
+    repo: RwLock<Repository>,
+    filter: SnapshotFilter,
+    /// Every snapshot seen since mounting, in the order first seen: inodes name their
+    /// snapshot by its place here, so the list only grows.
+    snapshots: RwLock<Vec<(SnapshotId, Snapshot)>>,
+    listing: Mutex<Listing>,
     inodes: Mutex<Inodes>,
     chunks: Mutex<ChunkCache>,
     /// Recently read trees: the kernel lists a large directory in many `readdir` calls,
@@ -199,65 +212,177 @@ struct SnapshotFs {
     trees: Mutex<Vec<(BlobId, Arc<Tree>)>>,
     uid: u32,
     gid: u32,
-    /// Time of the layout directories: the newest snapshot's.
-    layout_time: SystemTime,
+    /// Time of the layout directories, in seconds: the newest snapshot's.
+    layout_time: AtomicI64,
+}
+
+/// The last listing of the repository's snapshots.
+struct Listing {
+    at: Instant,
+    /// The snapshots shown (places in `SnapshotFs::snapshots`), oldest first.
+    shown: Vec<usize>,
+    /// Snapshots the filter leaves out, or that could not be read: not read again.
+    skipped: HashSet<SnapshotId>,
 }
 
 impl SnapshotFs {
-    fn new(repo: Arc<Repository>, snapshots: Vec<(SnapshotId, Snapshot)>) -> Self {
+    fn new(
+        repo: Repository,
+        filter: SnapshotFilter,
+        snapshots: Vec<(SnapshotId, Snapshot)>,
+    ) -> Self {
         let mut inodes = Inodes {
             table: Vec::new(),
             by_name: HashMap::new(),
             hardlinks: HashMap::new(),
             offsets: HashMap::new(),
         };
-        let root = inodes.add(ROOT, Kind::Layout { children: vec![] });
-        let names = snapshot_names(&snapshots);
-
-        let dir_of = |inodes: &mut Inodes, parent: u64, list: Vec<(Vec<u8>, usize)>| {
-            let dir = inodes.add(parent, Kind::Layout { children: vec![] });
-            let children = list
-                .into_iter()
-                .map(|(name, snap)| (name, inodes.add(dir, Kind::SnapshotRoot { snap })))
-                .collect();
-            inodes.table[dir as usize - 1].kind = Kind::Layout { children };
-            dir
+        inodes.add(ROOT, Kind::Layout { children: vec![] });
+        let shown = (0..snapshots.len()).collect();
+        let fs = SnapshotFs {
+            repo: RwLock::new(repo),
+            filter,
+            snapshots: RwLock::new(snapshots),
+            listing: Mutex::new(Listing {
+                at: Instant::now(),
+                shown,
+                skipped: HashSet::new(),
+            }),
+            inodes: Mutex::new(inodes),
+            chunks: Mutex::new(ChunkCache::default()),
+            trees: Mutex::new(Vec::new()),
+            uid: nix_uid(),
+            gid: nix_gid(),
+            layout_time: AtomicI64::new(0),
         };
-        let all: Vec<(Vec<u8>, usize)> = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.clone().into_bytes(), i))
+        let shown = fs.lock_listing().shown.clone();
+        fs.build_layout(&shown);
+        fs
+    }
+
+    fn repo(&self) -> RwLockReadGuard<'_, Repository> {
+        self.repo.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn snapshots(&self) -> RwLockReadGuard<'_, Vec<(SnapshotId, Snapshot)>> {
+        self.snapshots.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_listing(&self) -> MutexGuard<'_, Listing> {
+        self.listing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lists the snapshots again if the last listing is older than `LAYOUT_TTL`, and
+    /// rebuilds the layout if they changed. A listing that fails keeps the last one.
+    fn refresh(&self) {
+        let mut listing = self.lock_listing();
+        if listing.at.elapsed() < LAYOUT_TTL {
+            return;
+        }
+        listing.at = Instant::now();
+        let Ok(ids) = self.repo().snapshot_ids() else {
+            return;
+        };
+        let mut known: HashMap<SnapshotId, usize> = (self.snapshots().iter().enumerate())
+            .map(|(i, (id, _))| (*id, i))
             .collect();
-        let by_time = dir_of(&mut inodes, root, all);
-        let ids = dir_of(
-            &mut inodes,
-            root,
-            snapshots
-                .iter()
-                .enumerate()
-                .map(|(i, (id, _))| (id.short().into_bytes(), i))
-                .collect(),
-        );
-        let groups = |key: &dyn Fn(&Snapshot) -> Vec<String>, inodes: &mut Inodes| {
-            let mut map: std::collections::BTreeMap<String, Vec<(Vec<u8>, usize)>> =
-                Default::default();
-            for (i, (_, s)) in snapshots.iter().enumerate() {
-                for k in key(s) {
-                    map.entry(safe_name(&k))
-                        .or_default()
-                        .push((names[i].clone().into_bytes(), i));
+        let mut new = Vec::new();
+        for id in &ids {
+            if known.contains_key(id) || listing.skipped.contains(id) {
+                continue;
+            }
+            match self.repo().load_snapshot(id) {
+                Ok(s) if self.filter.matches(&s) => new.push((*id, s)),
+                _ => {
+                    listing.skipped.insert(*id);
                 }
             }
-            let top = inodes.add(root, Kind::Layout { children: vec![] });
+        }
+        if !new.is_empty() {
+            // Their trees are in index files written since the index was read.
+            let loaded = self
+                .repo
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .load_index();
+            if let Err(e) = loaded {
+                self.eio(&e);
+            }
+            let mut all = self.snapshots.write().unwrap_or_else(|p| p.into_inner());
+            for (id, s) in new {
+                known.insert(id, all.len());
+                all.push((id, s));
+            }
+        }
+        let mut shown: Vec<usize> = ids.iter().filter_map(|id| known.get(id).copied()).collect();
+        {
+            let all = self.snapshots();
+            shown.sort_by_key(|&i| (all[i].1.time, all[i].0));
+        }
+        if shown != listing.shown {
+            listing.shown = shown;
+            self.build_layout(&listing.shown);
+        }
+    }
+
+    /// Makes the layout directories show snapshots `shown` (oldest first), keeping the
+    /// inode of every name that stays.
+    fn build_layout(&self, shown: &[usize]) {
+        let snaps: Vec<(SnapshotId, Snapshot)> = {
+            let all = self.snapshots();
+            shown.iter().map(|&i| all[i].clone()).collect()
+        };
+        let names = snapshot_names(&snaps);
+        let mut guard = self.inodes();
+        let inodes = &mut *guard;
+        let fill = |inodes: &mut Inodes, dir: u64, list: Vec<(Vec<u8>, usize)>| {
+            let children = list
+                .into_iter()
+                .map(|(name, snap)| {
+                    let ino = snapshot_root(inodes, dir, &name, snap);
+                    (name, ino)
+                })
+                .collect();
+            inodes.table[dir as usize - 1].kind = Kind::Layout { children };
+        };
+        let by_time = layout_dir(inodes, ROOT, b"snapshots");
+        let all = names
+            .iter()
+            .zip(shown)
+            .map(|(n, &i)| (n.clone().into_bytes(), i))
+            .collect();
+        fill(inodes, by_time, all);
+        let ids = layout_dir(inodes, ROOT, b"ids");
+        let list = snaps
+            .iter()
+            .zip(shown)
+            .map(|((id, _), &i)| (id.short().into_bytes(), i))
+            .collect();
+        fill(inodes, ids, list);
+        let groups = |name: &[u8], key: &dyn Fn(&Snapshot) -> Vec<String>, inodes: &mut Inodes| {
+            let mut map: std::collections::BTreeMap<String, Vec<(Vec<u8>, usize)>> =
+                Default::default();
+            for (k, ((_, s), &i)) in snaps.iter().zip(shown).enumerate() {
+                for key in key(s) {
+                    map.entry(safe_name(&key))
+                        .or_default()
+                        .push((names[k].clone().into_bytes(), i));
+                }
+            }
+            let top = layout_dir(inodes, ROOT, name);
             let children = map
                 .into_iter()
-                .map(|(k, list)| (k.into_bytes(), dir_of(inodes, top, list)))
+                .map(|(k, list)| {
+                    let dir = layout_dir(inodes, top, k.as_bytes());
+                    fill(inodes, dir, list);
+                    (k.into_bytes(), dir)
+                })
                 .collect();
             inodes.table[top as usize - 1].kind = Kind::Layout { children };
             top
         };
-        let hosts = groups(&|s| vec![s.host.clone()], &mut inodes);
-        let tags = groups(&|s| s.tags.clone(), &mut inodes);
+        let hosts = groups(b"hosts", &|s| vec![s.host.clone()], inodes);
+        let tags = groups(b"tags", &|s| s.tags.clone(), inodes);
         let mut children = vec![
             (b"hosts".to_vec(), hosts),
             (b"ids".to_vec(), ids),
@@ -266,27 +391,40 @@ impl SnapshotFs {
         ];
         if let Some(last) = names.last() {
             let target = format!("snapshots/{last}").into_bytes();
-            children.push((
-                b"latest".to_vec(),
-                inodes.add(root, Kind::Latest { target }),
-            ));
+            let key = (ROOT, b"latest".to_vec());
+            let ino = match inodes.by_name.get(&key) {
+                Some(&ino) => {
+                    inodes.table[ino as usize - 1].kind = Kind::Latest { target };
+                    ino
+                }
+                None => {
+                    let ino = inodes.add(ROOT, Kind::Latest { target });
+                    inodes.by_name.insert(key, ino);
+                    ino
+                }
+            };
+            children.push((b"latest".to_vec(), ino));
         }
         children.sort();
         inodes.table[0].kind = Kind::Layout { children };
+        let newest = snaps.last().map_or(0, |(_, s)| s.time.as_second().max(0));
+        self.layout_time.store(newest, Ordering::Relaxed);
+    }
 
-        let layout_time = snapshots
-            .last()
-            .map(|(_, s)| UNIX_EPOCH + Duration::from_secs(s.time.as_second().max(0) as u64))
-            .unwrap_or(UNIX_EPOCH);
-        SnapshotFs {
-            repo,
-            snapshots,
-            inodes: Mutex::new(inodes),
-            chunks: Mutex::new(ChunkCache::default()),
-            trees: Mutex::new(Vec::new()),
-            uid: nix_uid(),
-            gid: nix_gid(),
-            layout_time,
+    /// Whether `ino` is a directory of the layout (its listing follows the repository).
+    fn is_layout(&self, ino: u64) -> bool {
+        matches!(
+            self.inodes().get(ino).map(|i| &i.kind),
+            Some(Kind::Layout { .. } | Kind::Latest { .. })
+        )
+    }
+
+    /// How long the kernel may keep what it learnt of `ino`.
+    fn ttl(&self, ino: u64) -> Duration {
+        if self.is_layout(ino) {
+            LAYOUT_TTL
+        } else {
+            TTL
         }
     }
 
@@ -296,14 +434,16 @@ impl SnapshotFs {
     }
 
     fn attr(&self, ino: u64, inode: &Inode) -> FileAttr {
+        let layout_time = UNIX_EPOCH
+            + Duration::from_secs(self.layout_time.load(Ordering::Relaxed).max(0) as u64);
         let mut attr = FileAttr {
             ino: INodeNo(ino),
             size: 0,
             blocks: 0,
-            atime: self.layout_time,
-            mtime: self.layout_time,
-            ctime: self.layout_time,
-            crtime: self.layout_time,
+            atime: layout_time,
+            mtime: layout_time,
+            ctime: layout_time,
+            crtime: layout_time,
             kind: FileType::Directory,
             perm: 0o555,
             nlink: 2,
@@ -323,7 +463,7 @@ impl SnapshotFs {
             }
             Kind::SnapshotRoot { snap } => {
                 let t = system_time(Time {
-                    sec: self.snapshots[*snap].1.time.as_second(),
+                    sec: self.snapshots()[*snap].1.time.as_second(),
                     nsec: 0,
                 });
                 (attr.atime, attr.mtime, attr.ctime, attr.crtime) = (t, t, t, t);
@@ -358,7 +498,7 @@ impl SnapshotFs {
     /// The tree a directory inode shows, if it is a snapshot directory.
     fn tree_of(&self, inode: &Inode) -> Option<(usize, BlobId)> {
         match &inode.kind {
-            Kind::SnapshotRoot { snap } => Some((*snap, self.snapshots[*snap].1.tree)),
+            Kind::SnapshotRoot { snap } => Some((*snap, self.snapshots()[*snap].1.tree)),
             Kind::Entry { snap, node } => match &node.kind {
                 NodeKind::Dir { subtree } => Some((*snap, *subtree)),
                 _ => None,
@@ -370,6 +510,9 @@ impl SnapshotFs {
     /// The children of directory `ino` as (name, inode, attributes), making inodes for
     /// tree entries on first sight.
     fn children(&self, ino: u64) -> Result<Vec<(Vec<u8>, u64, FileAttr)>, Errno> {
+        if self.is_layout(ino) {
+            self.refresh();
+        }
         let tree = {
             let inodes = self.inodes();
             let inode = inodes.get(ino).ok_or(Errno::ENOENT)?;
@@ -414,7 +557,7 @@ impl SnapshotFs {
                 return Ok(tree);
             }
         }
-        let tree = Arc::new(self.repo.read_tree(id).map_err(|e| self.eio(&e))?);
+        let tree = Arc::new(self.repo().read_tree(id).map_err(|e| self.eio(&e))?);
         let mut trees = lock();
         trees.push((*id, Arc::clone(&tree)));
         if trees.len() > TREE_CACHE_ENTRIES {
@@ -424,7 +567,8 @@ impl SnapshotFs {
     }
 
     fn lookup_child(&self, parent: u64, name: &[u8]) -> Result<FileAttr, Errno> {
-        {
+        // A layout directory's names come and go: look in its current listing.
+        if !self.is_layout(parent) {
             let inodes = self.inodes();
             if let Some(&ino) = inodes.by_name.get(&(parent, name.to_vec())) {
                 if let Some(inode) = inodes.get(ino) {
@@ -487,7 +631,7 @@ impl SnapshotFs {
         if let Some(hit) = self.lock_chunks().get(id) {
             return Ok(hit);
         }
-        let blob = Arc::new(self.repo.read_blob(id).map_err(|e| self.eio(&e))?);
+        let blob = Arc::new(self.repo().read_blob(id).map_err(|e| self.eio(&e))?);
         self.lock_chunks().put(*id, Arc::clone(&blob));
         Ok(blob)
     }
@@ -515,6 +659,36 @@ impl SnapshotFs {
 }
 
 /// The inode of tree entry `node` below `parent`, made on first sight.
+/// The inode of layout directory `name` in `parent`: the same for the same name in
+/// every listing.
+fn layout_dir(inodes: &mut Inodes, parent: u64, name: &[u8]) -> u64 {
+    let key = (parent, name.to_vec());
+    if let Some(&ino) = inodes.by_name.get(&key) {
+        if let Some(Kind::Layout { .. }) = inodes.get(ino).map(|i| &i.kind) {
+            return ino;
+        }
+    }
+    let ino = inodes.add(parent, Kind::Layout { children: vec![] });
+    inodes.by_name.insert(key, ino);
+    ino
+}
+
+/// The inode of snapshot `snap` as `name` in layout directory `parent`: the same as long
+/// as the name names the same snapshot.
+fn snapshot_root(inodes: &mut Inodes, parent: u64, name: &[u8], snap: usize) -> u64 {
+    let key = (parent, name.to_vec());
+    if let Some(&ino) = inodes.by_name.get(&key) {
+        if let Some(Kind::SnapshotRoot { snap: s }) = inodes.get(ino).map(|i| &i.kind) {
+            if *s == snap {
+                return ino;
+            }
+        }
+    }
+    let ino = inodes.add(parent, Kind::SnapshotRoot { snap });
+    inodes.by_name.insert(key, ino);
+    ino
+}
+
 fn entry_inode(inodes: &mut Inodes, parent: u64, snap: usize, node: Node) -> u64 {
     let key = (parent, node.name.clone());
     if let Some(&ino) = inodes.by_name.get(&key) {
@@ -632,15 +806,16 @@ impl ChunkCache {
 impl Filesystem for SnapshotFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.lookup_child(parent.0, name.as_bytes()) {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Ok(attr) => reply.entry(&self.ttl(attr.ino.0), &attr, Generation(0)),
             Err(e) => reply.error(e),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ttl = self.ttl(ino.0);
         let inodes = self.inodes();
         match inodes.get(ino.0) {
-            Some(inode) => reply.attr(&TTL, &self.attr(ino.0, inode)),
+            Some(inode) => reply.attr(&ttl, &self.attr(ino.0, inode)),
             None => reply.error(Errno::ENOENT),
         }
     }

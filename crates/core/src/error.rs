@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use cairn_storage::StorageError;
 
-use crate::id::{BlobId, PackId};
+use crate::id::{BlobId, PackId, SnapshotId};
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -206,6 +206,21 @@ fn did_you_mean(suggestions: &[String]) -> String {
 }
 
 impl Error {
+    /// Names the snapshot of a `PathNotFound` by its id (`browse::find`, given only the
+    /// snapshot, names it by time and paths); other errors are returned as they are.
+    pub fn naming_snapshot(self, id: &SnapshotId, snapshot: &crate::snapshot::Snapshot) -> Self {
+        match self {
+            Error::PathNotFound {
+                path, suggestions, ..
+            } => Error::PathNotFound {
+                path,
+                snapshot: format!("{} ({})", id.short(), snapshot.paths.join(", ")),
+                suggestions,
+            },
+            e => e,
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),

@@ -10,10 +10,7 @@ use crate::progress::{scan, Progress};
 use crate::{context, EXIT_PARTIAL};
 
 pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
-    let mut excludes = a.excludes.clone();
-    for file in &a.exclude_files {
-        excludes.extend(Excludes::read_file(file)?);
-    }
+    let exclude = super::exclude_options(&a.exclude)?;
     let mut repo = context::open_or_create_default(g)?;
     // From here on, Ctrl-C stops cleanly instead of leaving files behind.
     crate::signals::install();
@@ -23,20 +20,16 @@ pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
     };
     let opts = BackupOptions {
         paths: a.paths.clone(),
-        excludes,
+        exclude,
         tags: a.tags.clone(),
         host: a
             .host
             .clone()
             .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned()),
-        username: std::env::var("USER").unwrap_or_default(),
+        username: username(),
         one_file_system: a.one_file_system,
         parent,
         force: a.force,
-        ignore_files: ignore_file_names(a.git_ignore),
-        exclude_if_present: a.exclude_if_present.clone(),
-        exclude_caches: a.exclude_caches,
-        exclude_larger_than: a.exclude_larger_than,
         read_threads: a.read_threads.map_or(0, usize::from),
     };
     let monitor = progress(g, &a, &opts)?;
@@ -79,9 +72,9 @@ fn progress(g: &GlobalArgs, a: &BackupArgs, opts: &BackupOptions) -> Result<Prog
     if monitor.shown() && !a.no_scan && !a.stdin {
         let scan = scan::ScanOptions {
             paths: opts.paths.clone(),
-            excludes: Excludes::new(&opts.excludes)?,
+            excludes: Excludes::new(&opts.exclude.excludes)?,
             one_file_system: opts.one_file_system,
-            exclude_larger_than: opts.exclude_larger_than,
+            exclude_larger_than: opts.exclude.exclude_larger_than,
         };
         let stop = scan::spawn(scan, monitor.feed());
         monitor.stop_on_finish(stop);
@@ -89,14 +82,15 @@ fn progress(g: &GlobalArgs, a: &BackupArgs, opts: &BackupOptions) -> Result<Prog
     Ok(monitor)
 }
 
-/// `.cairnignore` last, so that its patterns win over `.gitignore`'s in one directory.
-fn ignore_file_names(git_ignore: bool) -> Vec<std::ffi::OsString> {
-    let mut names = Vec::new();
-    if git_ignore {
-        names.push(".gitignore".into());
+/// The account running the backup: the effective user's name, else `$USER` (a uid
+/// without a passwd entry, as in some containers).
+fn username() -> String {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    match cairn_core::fsmeta::NameCache::default().user(euid) {
+        Some(name) => name.to_owned(),
+        None => std::env::var("USER").unwrap_or_default(),
     }
-    names.push(".cairnignore".into());
-    names
 }
 
 fn print(g: &GlobalArgs, r: &BackupReport) -> Result<()> {

@@ -15,7 +15,7 @@ use crate::{context, output};
 pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
     let filter = super::snapshot_filter(&a.filter)?;
     let repo = context::open(g)?;
-    let (_, snapshot) = select::find_snapshot(&repo, &a.snapshot, &filter)?;
+    let (id, snapshot) = select::find_snapshot(&repo, &a.snapshot, &filter)?;
     let start = a.path.as_deref().map_or(&b"/"[..], |p| p.as_bytes());
     let mut out = std::io::stdout().lock();
     let mut json = Vec::new();
@@ -56,7 +56,7 @@ pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
     } else {
         browse::list
     };
-    match browse::find(&repo, &snapshot, start)? {
+    match browse::find(&repo, &snapshot, start).map_err(|e| e.naming_snapshot(&id, &snapshot))? {
         Entry::Root(tree) => below(&repo, &tree, b"/", &mut show)?,
         Entry::Node(node) => {
             let path = normalized(start);
@@ -123,7 +123,9 @@ pub fn cat(g: &GlobalArgs, a: CatArgs) -> Result<u8> {
     let repo = context::open(g)?;
     let (id, snapshot) = select::find_snapshot(&repo, &a.snapshot, &filter)?;
     let shown = a.path.to_string_lossy().into_owned();
-    let node = match browse::find(&repo, &snapshot, a.path.as_bytes())? {
+    let node = match browse::find(&repo, &snapshot, a.path.as_bytes())
+        .map_err(|e| e.naming_snapshot(&id, &snapshot))?
+    {
         Entry::Node(node) => node,
         Entry::Root(_) => return Err(cairn_core::Error::NotAFile { path: shown }.into()),
     };

@@ -38,6 +38,7 @@ pub fn run(g: &GlobalArgs, a: DiffArgs) -> Result<u8> {
     let opts = DiffOptions {
         path,
         content: a.content,
+        exclude: super::exclude_options(&a.exclude)?,
         ..DiffOptions::default()
     };
     let monitor = output::StderrMonitor;
@@ -133,11 +134,18 @@ fn print_change(out: &mut dyn Write, c: &Change) -> Result<()> {
             size(c.new_size.or(c.old_size)).unwrap_or_else(|| ty.to_string())
         }
         ChangeKind::Modified => {
-            let mut d = format!(
-                "{} → {}",
+            let (old, new) = (
                 size(c.old_size).unwrap_or_default(),
-                size(c.new_size).unwrap_or_default()
+                size(c.new_size).unwrap_or_default(),
             );
+            let mut d = format!("{old} → {new}");
+            // Rounding would hide a small change (38.6 KiB → 38.6 KiB): give it exactly.
+            if let (Some(a), Some(b)) = (c.old_size, c.new_size) {
+                if old == new && a != b {
+                    let sign = if b > a { '+' } else { '-' };
+                    d.push_str(&format!(", {sign}{} B", a.abs_diff(b)));
+                }
+            }
             if !c.metadata.is_empty() {
                 d.push_str("; also ");
                 d.push_str(&c.metadata.join(", "));

@@ -23,7 +23,8 @@ pub fn run(g: &GlobalArgs, a: DumpArgs) -> Result<u8> {
     let (id, snapshot) = cairn_core::ops::select::find_snapshot(&repo, &a.snapshot, &filter)?;
     let names = browse::path_names(a.path.as_bytes());
     let shown = format!("/{}", String::from_utf8_lossy(&names.join(&b'/')));
-    let entry = browse::find(&repo, &snapshot, a.path.as_bytes())?;
+    let entry = browse::find(&repo, &snapshot, a.path.as_bytes())
+        .map_err(|e| e.naming_snapshot(&id, &snapshot))?;
     let context = || format!("Cannot dump {shown} of snapshot {}", id.short());
 
     if let (

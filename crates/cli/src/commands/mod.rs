@@ -20,9 +20,32 @@ mod snapshots;
 mod stats;
 
 use anyhow::{Context, Result};
+use cairn_core::ops::exclude::{ExcludeOptions, Excludes};
 use cairn_core::snapshot::SnapshotFilter;
 
-use crate::args::{Cli, Command, FilterArgs};
+use crate::args::{Cli, Command, ExcludeArgs, FilterArgs};
+
+/// The core's exclusion options from backup's flags: patterns given and read from
+/// `--exclude-file`s, and the ignore files, `.cairnignore` last so that its patterns win
+/// over `.gitignore`'s in one directory.
+pub fn exclude_options(a: &ExcludeArgs) -> Result<ExcludeOptions> {
+    let mut excludes = a.excludes.clone();
+    for file in &a.exclude_files {
+        excludes.extend(Excludes::read_file(file)?);
+    }
+    let mut ignore_files = Vec::new();
+    if a.git_ignore {
+        ignore_files.push(".gitignore".into());
+    }
+    ignore_files.push(".cairnignore".into());
+    Ok(ExcludeOptions {
+        excludes,
+        ignore_files,
+        exclude_if_present: a.exclude_if_present.clone(),
+        exclude_caches: a.exclude_caches,
+        exclude_larger_than: a.exclude_larger_than,
+    })
+}
 
 /// The core's filter for `--host`, `--tag` (split on commas: all of a group) and
 /// `--path` (made absolute as backup records paths).

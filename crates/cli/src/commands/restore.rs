@@ -69,7 +69,8 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
                 Some(_) => {}
             }
         }
-        let stats = restore::restore(&repo, &snapshot, &opts, &monitor);
+        let stats = restore::restore(&repo, &snapshot, &opts, &monitor)
+            .map_err(|e| e.naming_snapshot(&id, &snapshot));
         counting.store(false, Ordering::Relaxed);
         stats
     })?;
@@ -96,6 +97,21 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
         let mut v = serde_json::to_value(&stats)?;
         v["snapshot_id"] = id.to_hex().into();
         output::json(&v)?;
+    } else if stats.interrupted {
+        // Files are renamed into place only when complete: what is there is right, and
+        // every mode but `always` (which rewrites all) keeps it and writes the rest.
+        let again = match opts.overwrite {
+            None | Some(Overwrite::Always) => "run it again with --overwrite if-changed",
+            Some(_) => "run the same command again",
+        };
+        eprintln!(
+            "restore interrupted: {} written ({}) to {}, each complete; to finish, {} \
+             (files already restored are kept, the rest written)",
+            output::count(stats.files_restored, "file", "files"),
+            output::size(stats.bytes_restored),
+            a.target.display(),
+            again,
+        );
     } else if !g.quiet {
         println!(
             "Restored snapshot {} to {}: {} written ({}), {}, {}{}{}{}{}{} in {}",
@@ -140,7 +156,9 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
             output::seconds(stats.duration_ms),
         );
     }
-    if stats.errors.is_empty() {
+    if stats.interrupted {
+        Ok(crate::EXIT_INTERRUPTED)
+    } else if stats.errors.is_empty() {
         Ok(0)
     } else {
         eprintln!(
@@ -160,7 +178,8 @@ fn dry_run(
     snapshot: &Snapshot,
     opts: &RestoreOptions,
 ) -> Result<u8> {
-    let plan = restore_plan::plan(repo, snapshot, opts)?;
+    let plan =
+        restore_plan::plan(repo, snapshot, opts).map_err(|e| e.naming_snapshot(&id, snapshot))?;
     // (action, JSON key, text)
     let counts = [
         (Action::Write, "write", "to write"),

@@ -882,21 +882,35 @@ pub fn interrupt_once_a_session_appears(
     command: &mut std::process::Command,
     sessions: &Path,
 ) -> Option<std::process::Output> {
+    let what = format!("no session was registered in {}", sessions.display());
+    interrupt_when(
+        command,
+        &what,
+        std::time::Duration::from_millis(200),
+        || fs::read_dir(sessions).map_or(0, |d| d.count()) > 0,
+    )
+}
+
+/// Runs `command` and sends it SIGINT `after` the moment `ready` first holds (`what`
+/// says what never happened, if it does not within 30 s). `None` when the command
+/// finished before the signal arrived, so there is nothing to check.
+pub fn interrupt_when(
+    command: &mut std::process::Command,
+    what: &str,
+    after: std::time::Duration,
+    ready: impl Fn() -> bool,
+) -> Option<std::process::Output> {
     let child = command
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while fs::read_dir(sessions).map_or(0, |d| d.count()) == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no session was registered in {}",
-            sessions.display()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
+    while !ready() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    std::thread::sleep(after);
     // SAFETY: kill has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let out = child.wait_with_output().unwrap();

@@ -402,3 +402,74 @@ fn diff_of_a_missing_path_suggests_the_closest_names() {
         "report.txt is suggested, zebra is not: {err}"
     );
 }
+
+/// With a live directory, diff leaves out what backup would (`.cairnignore` always,
+/// `--exclude`, `--exclude-caches`, `--exclude-larger-than` when given), so it shows what
+/// the next backup with the same options would add.
+#[test]
+fn diff_against_a_live_directory_leaves_out_what_backup_would() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join(".cairnignore"), b"*.log\n");
+    write_file(&src.join("kept.txt"), b"kept\n");
+    let options = [
+        "--exclude",
+        "build/out",
+        "--exclude-caches",
+        "--exclude-larger-than",
+        "1K",
+    ];
+    env.backup_id(&[&src], &options);
+
+    write_file(&src.join("new.txt"), b"new\n");
+    write_file(&src.join("debug.log"), b"ignored by .cairnignore\n");
+    write_file(&src.join("build/out/a.o"), b"excluded by pattern\n");
+    write_file(
+        &src.join("cache/CACHEDIR.TAG"),
+        b"Signature: 8a477f597d28d172789f06886806bc55\n",
+    );
+    write_file(&src.join("cache/blob"), b"in a tagged cache\n");
+    write_file(&src.join("big.bin"), &[7u8; 2000]);
+
+    let mut args = vec![os("latest"), src.as_os_str()];
+    args.extend(options.iter().map(|o| os(o)));
+    let (changes, _) = diff_json(&env, &args);
+    let added: Vec<String> = paths(&changes);
+    assert_eq!(
+        added,
+        [
+            src.join("build").display().to_string(),
+            src.join("new.txt").display().to_string()
+        ],
+        "only what the next backup stores (build/ itself is not excluded): {changes:?}"
+    );
+
+    // Without the options, only .cairnignore applies.
+    let (changes, _) = diff_json(&env, &[os("latest"), src.as_os_str()]);
+    let listed = paths(&changes);
+    assert!(
+        listed.iter().any(|p| p.ends_with("cache/blob")),
+        "{listed:?}"
+    );
+    assert!(listed.iter().any(|p| p.ends_with("big.bin")), "{listed:?}");
+    assert!(!listed.iter().any(|p| p.ends_with(".log")), "{listed:?}");
+}
+
+/// A change smaller than the rounding of both sizes is shown exactly, not as
+/// `38.6 KiB → 38.6 KiB`.
+#[test]
+fn diff_shows_a_change_hidden_by_rounding_in_bytes() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("f.bin"), &random_bytes(39_526, 1));
+    write_file(&src.join("g.bin"), &random_bytes(39_526, 2));
+    let a = env.backup_id(&[&src], &[]);
+    write_file(&src.join("f.bin"), &random_bytes(39_534, 1));
+    write_file(&src.join("g.bin"), &random_bytes(39_520, 2));
+    let b = env.backup_id(&[&src], &[]);
+    let out = env.cmd().args(["diff", &a, &b]).output().unwrap();
+    assert_success(&out, "cairn diff");
+    let text = stdout(&out);
+    assert!(text.contains("(38.6 KiB → 38.6 KiB, +8 B;"), "{text}");
+    assert!(text.contains("(38.6 KiB → 38.6 KiB, -6 B;"), "{text}");
+}

@@ -217,3 +217,33 @@ fn a_missing_repository_is_named_before_any_password_is_asked() {
         "{err}"
     );
 }
+
+/// A path missing from a snapshot is reported with the snapshot's id, which the user can
+/// type back, not its time, by every command that looks a path up.
+#[test]
+fn a_missing_path_error_names_the_snapshot_by_its_id() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("a.txt"), b"a");
+    let id = env.backup_id(&[&src], &[]);
+    let missing = src.join("b.txt");
+    let missing = missing.to_str().unwrap();
+    let target = env.path("t");
+    let spec = format!("latest:{missing}");
+    let target = target.to_str().unwrap();
+    for args in [
+        vec!["ls", "latest", missing],
+        vec!["cat", "latest", missing],
+        vec!["dump", "latest", missing],
+        vec!["restore", &spec, "--target", target],
+        vec!["restore", &spec, "--target", target, "--dry-run"],
+    ] {
+        let out = env.cmd().args(&args).output().unwrap();
+        assert_exit(&out, 1, &args.join(" "));
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("is not in snapshot {}", &id[..8])),
+            "{args:?}: {err}"
+        );
+    }
+}

@@ -47,6 +47,14 @@ fn snapshots_json_describes_each_snapshot() {
         "time {time} lies between {before} and {after}"
     );
     assert!(s["host"].as_str().is_some_and(|h| !h.is_empty()), "{s}");
+    // The account that ran the backup, though the tests run cairn without $USER.
+    let me = std::process::Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap();
+    let me = String::from_utf8_lossy(&me.stdout).trim().to_string();
+    assert!(!me.is_empty());
+    assert_eq!(s["username"], me.as_str(), "{s}");
     assert_eq!(s["tags"], serde_json::json!(["t1"]), "{s}");
     assert_eq!(
         s["paths"],

@@ -87,6 +87,44 @@ fn forget_dry_run_explains_and_removes_nothing() {
     assert!(stderr(&out).contains("--keep-last"), "{}", stderr(&out));
 }
 
+/// `prune --dry-run` says how much the run would free, as much as the run then frees.
+#[test]
+fn prune_dry_run_reports_the_bytes_the_run_frees() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_random_files(&src, 3, 10_000, 5);
+    env.backup(&[&src], &[]);
+    std::fs::remove_dir_all(&src).unwrap();
+    write_random_files(&src, 2, 10_000, 50);
+    env.backup(&[&src], &[]);
+    let out = env
+        .cmd()
+        .args(["forget", "--keep-last", "1"])
+        .output()
+        .unwrap();
+    assert_success(&out, "forget --keep-last 1");
+    let prune = |extra: &[&str]| {
+        let out = env
+            .cmd()
+            .args(["prune", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_success(&out, "cairn prune");
+        parse_json(&out.stdout, "cairn prune --json")
+    };
+    let dry = prune(&["--dry-run"]);
+    let run = prune(&[]);
+    assert!(json_u64(&run, "bytes_freed") > 30_000, "{run}");
+    for key in ["packs_deleted", "bytes_freed"] {
+        assert_eq!(
+            json_u64(&dry, key),
+            json_u64(&run, key),
+            "{key}: {dry} {run}"
+        );
+    }
+}
+
 #[test]
 fn prune_defers_deletions_while_a_backup_is_running_and_does_them_after() {
     let env = TestEnv::with_small_chunk_repo();

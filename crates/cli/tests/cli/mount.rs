@@ -324,3 +324,61 @@ fn unmount_waits_for_a_busy_mount_to_go_idle() {
     assert_eq!(m.wait(), 0, "cairn mount exits 0: {}", m.log_text());
     assert_eq!(fs::read_dir(&mnt).unwrap().count(), 0, "unmounted");
 }
+
+/// Snapshots made and forgotten while mounted appear and go without remounting; an id
+/// directory keeps its inode across listings.
+#[test]
+fn mount_follows_snapshots_made_and_forgotten_while_mounted() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("a.txt"), b"first\n");
+    let first = env.backup_id(&[&src], &["--tag", "t1"]);
+    let mnt = env.path("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let m = Mounted::start(&env, &mnt);
+    let names = |dir: &str| -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(mnt.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names("ids"), [first[..8].to_string()]);
+    let inode = fs::metadata(mnt.join("ids").join(&first[..8]))
+        .unwrap()
+        .ino();
+
+    // A second later, so that the snapshot directories have different names.
+    std::thread::sleep(Duration::from_millis(1100));
+    write_file(&src.join("b.txt"), b"second\n");
+    let second = env.backup_id(&[&src], &["--tag", "t2"]);
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what} within 10 s");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    until("the new snapshot shows", &|| names("ids").len() == 2);
+    assert_eq!(names("snapshots").len(), 2);
+    assert_eq!(names("tags"), ["t1", "t2"]);
+    let in_latest = shown(&mnt.join("latest"), &src).join("b.txt");
+    assert_eq!(fs::read(&in_latest).unwrap(), b"second\n", "its files read");
+    let in_id = shown(&mnt.join("ids").join(&second[..8]), &src).join("b.txt");
+    assert_eq!(fs::read(&in_id).unwrap(), b"second\n");
+    assert_eq!(
+        fs::metadata(mnt.join("ids").join(&first[..8]))
+            .unwrap()
+            .ino(),
+        inode,
+        "a name keeps its inode"
+    );
+
+    let out = env.cmd().args(["forget", &first]).output().unwrap();
+    assert_success(&out, "forget the first snapshot");
+    until("the forgotten snapshot goes", &|| names("ids").len() == 1);
+    assert_eq!(names("ids"), [second[..8].to_string()]);
+    assert_eq!(names("tags"), ["t2"]);
+    drop(m);
+}

@@ -322,3 +322,37 @@ fn restore_filter_interrupted_restore_resumes_writing_only_what_is_missing_or_wr
     assert_eq!(inodes(&target), before, "correct files are not rewritten");
     assert_trees_equal(&src, &target, Compare::CONTENTS);
 }
+
+/// Ctrl-C stops a restore with one line that says what was written and how to finish,
+/// not an error per unfinished file, and exit code 130; the run it suggests finishes.
+#[test]
+fn restore_interrupted_says_so_once_and_the_suggested_rerun_finishes() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_random_files(&src, 3000, 20_000, 7);
+    env.backup(&[&src], &[]);
+    let target = env.path("t");
+    let mut restore = spawnable(&env);
+    restore
+        .arg("restore")
+        .arg("latest")
+        .arg("--target")
+        .arg(&target);
+    let Some(out) = interrupt_when(
+        &mut restore,
+        "the restore wrote nothing",
+        std::time::Duration::from_millis(20),
+        || count_files(&target) > 0,
+    ) else {
+        return;
+    };
+    assert_exit(&out, 130, "an interrupted restore");
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("restore interrupted: "), "{err}");
+    assert!(err.contains("--overwrite if-changed"), "{err}");
+    assert!(!err.contains("nothing was committed"), "{err}");
+    let out = env.restore("latest", &target, &["--overwrite", "if-changed"]);
+    assert!(stderr(&out).is_empty(), "{}", stderr(&out));
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::CONTENTS);
+}

@@ -3,7 +3,6 @@
 //! the rest (`ingest`), store trees bottom-up, then the index, then the snapshot, last.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::ffi::OsString;
 use std::fs::Metadata;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -20,8 +19,8 @@ use crate::error::{Error, Result};
 use crate::fsmeta::{self, NameCache};
 use crate::id::{BlobId, PackId, SnapshotId};
 use crate::monitor::Monitor;
-use crate::ops::exclude::Excludes;
-use crate::ops::ignore_files::{self, IgnoreStack};
+use crate::ops::exclude::{ExcludeOptions, Excludes};
+use crate::ops::ignore_files::IgnoreStack;
 use crate::ops::ingest::{self, Context, FileContent, Outcome, Pool, Timings, Work};
 use crate::ops::walk::{Entry, Lookahead};
 use crate::pack::BlobKind;
@@ -35,8 +34,8 @@ use crate::writer::WriterReport as Written;
 #[derive(Debug, Clone, Default)]
 pub struct BackupOptions {
     pub paths: Vec<PathBuf>,
-    /// Glob patterns: without `/` they match a name anywhere; with `/`, the absolute path.
-    pub excludes: Vec<String>,
+    /// What to leave out.
+    pub exclude: ExcludeOptions,
     pub tags: Vec<String>,
     pub host: String,
     pub username: String,
@@ -45,15 +44,6 @@ pub struct BackupOptions {
     pub parent: Option<SnapshotId>,
     /// Read every file even when its metadata says it is unchanged.
     pub force: bool,
-    /// Names of per-directory ignore files in gitignore syntax, in increasing precedence
-    /// (the CLI passes `.gitignore` with `--git-ignore`, then `.cairnignore`).
-    pub ignore_files: Vec<OsString>,
-    /// Leave out a directory that holds a file of one of these names.
-    pub exclude_if_present: Vec<OsString>,
-    /// Leave out directories tagged with a valid `CACHEDIR.TAG`.
-    pub exclude_caches: bool,
-    /// Leave out files larger than this many bytes.
-    pub exclude_larger_than: Option<u64>,
     /// Threads reading files (0: as many as cores, at least 4: reads wait on the disk).
     pub read_threads: usize,
 }
@@ -182,7 +172,7 @@ pub fn backup(
         Some((_, s)) => Some(repo.read_tree(&s.tree)?),
         None => None,
     };
-    let excludes = Excludes::new(&opts.excludes)?;
+    let excludes = Excludes::new(&opts.exclude.excludes)?;
     let root = SourceDir::build(&paths);
     let mut replaced = 0;
     let mut rounds = 0;
@@ -778,7 +768,9 @@ impl Archiver<'_> {
         md: &Metadata,
         parent: Option<&Node>,
     ) -> Result<Option<Subtree>> {
-        if (self.opts.one_file_system && md.dev() != self.root_device) || self.is_tagged_dir(path) {
+        if (self.opts.one_file_system && md.dev() != self.root_device)
+            || self.opts.exclude.is_tagged_dir(path)
+        {
             self.stats.excluded += 1;
             return Ok(None);
         }
@@ -801,9 +793,9 @@ impl Archiver<'_> {
                 .binary_search_by(|e| e.name.as_slice().cmp(n.as_bytes()))
                 .is_ok()
         };
-        let (pushed, unreadable) = self
-            .ignores
-            .push_dir(dir, &self.opts.ignore_files, present)?;
+        let (pushed, unreadable) =
+            self.ignores
+                .push_dir(dir, &self.opts.exclude.ignore_files, present)?;
         for (file, e) in unreadable {
             self.problem(&file, &format!("ignore file not read, not applied: {e}"));
         }
@@ -933,15 +925,6 @@ impl Archiver<'_> {
         }
     }
 
-    /// Whether a directory is left out by `--exclude-if-present` or `--exclude-caches`.
-    fn is_tagged_dir(&self, dir: &Path) -> bool {
-        self.opts
-            .exclude_if_present
-            .iter()
-            .any(|name| std::fs::symlink_metadata(dir.join(name)).is_ok())
-            || (self.opts.exclude_caches && ignore_files::has_cachedir_tag(dir))
-    }
-
     /// Saves a directory's entries, in order. Files to read go to the workers first
     /// (small ones bundled); then the walk descends into subdirectories (listed ahead by
     /// the lookahead threads) while the workers read. The nodes of files being read and of
@@ -990,11 +973,7 @@ impl Archiver<'_> {
                 others.push((nodes.len() - 1, entry, md, parent_node));
                 continue;
             }
-            if self
-                .opts
-                .exclude_larger_than
-                .is_some_and(|max| md.len() > max)
-            {
+            if self.opts.exclude.is_too_large(md.len()) {
                 self.stats.excluded += 1;
                 continue;
             }

@@ -16,6 +16,8 @@ use crate::fsmeta::{self, NameCache};
 use crate::id::{BlobId, SnapshotId};
 use crate::monitor::Monitor;
 use crate::ops::browse::{self, path_names, Entry};
+use crate::ops::exclude::{ExcludeOptions, Excludes};
+use crate::ops::ignore_files::IgnoreStack;
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{ContentRef, Node, NodeKind};
@@ -53,6 +55,9 @@ pub struct DiffOptions {
     pub content: bool,
     /// Files larger than this on either side get no content diff.
     pub max_content_bytes: u64,
+    /// What the live side leaves out, as backup would: with backup's options, the diff
+    /// says what the next backup would add, change and remove.
+    pub exclude: ExcludeOptions,
 }
 
 impl Default for DiffOptions {
@@ -61,6 +66,7 @@ impl Default for DiffOptions {
             path: None,
             content: false,
             max_content_bytes: 16 << 20,
+            exclude: ExcludeOptions::default(),
         }
     }
 }
@@ -197,17 +203,19 @@ pub fn diff(
         monitor,
         names: NameCache::default(),
         report: DiffReport::default(),
+        excludes: Excludes::new(&opts.exclude.excludes)?,
+        ignores: IgnoreStack::default(),
     };
     let a = differ.start(old, &top)?;
     let b = differ.start(new, &top)?;
     // A live directory the snapshot does not hold is more likely a typo than a wish to
     // see every file as added: say which paths the snapshot has.
     for (side, start) in [(old, &a), (new, &b)] {
-        if let (DiffSide::Snapshot { snapshot, .. }, Start::Item(None), Some(l)) =
+        if let (DiffSide::Snapshot { id, snapshot }, Start::Item(None), Some(l)) =
             (side, start, &live)
         {
             if opts.path.is_none() || normalized(l) == top {
-                browse::find(repo, snapshot, &top)?;
+                browse::find(repo, snapshot, &top).map_err(|e| e.naming_snapshot(id, snapshot))?;
             }
         }
     }
@@ -225,8 +233,9 @@ pub fn diff(
         (Start::Item(None), Start::Item(None)) => {
             // Neither side has it: let the first snapshot side say which names exist.
             for side in [old, new] {
-                if let DiffSide::Snapshot { snapshot, .. } = side {
-                    browse::find(repo, snapshot, &top)?;
+                if let DiffSide::Snapshot { id, snapshot } = side {
+                    browse::find(repo, snapshot, &top)
+                        .map_err(|e| e.naming_snapshot(id, snapshot))?;
                 }
             }
             return Err(Error::InvalidInput(format!(
@@ -297,6 +306,9 @@ struct Differ<'a> {
     monitor: &'a dyn Monitor,
     names: NameCache,
     report: DiffReport,
+    excludes: Excludes,
+    /// Ignore-file matchers of the live directories being compared.
+    ignores: IgnoreStack,
 }
 
 impl Differ<'_> {
@@ -405,6 +417,7 @@ impl Differ<'_> {
                 for name in names {
                     let child = path.join(OsStr::from_bytes(&name));
                     match std::fs::symlink_metadata(&child) {
+                        Ok(md) if self.excluded(&child, &md) => {}
                         Ok(md) => items.extend(self.live_item(name, &child, &md)),
                         Err(e) => self.problem(&child, &e),
                     }
@@ -424,6 +437,14 @@ impl Differ<'_> {
         if self.monitor.cancelled() {
             return Err(Error::Interrupted);
         }
+        let live = [a, b].into_iter().find_map(|d| match d {
+            Dir::Live(path) => Some(path.clone()),
+            Dir::Stored(_) => None,
+        });
+        let pushed = match &live {
+            Some(dir) => self.push_ignores(dir)?,
+            None => false,
+        };
         let mut old = self.list(a)?.into_iter().peekable();
         let mut new = self.list(b)?.into_iter().peekable();
         loop {
@@ -443,7 +464,33 @@ impl Differ<'_> {
                 self.compare(&join(path, &name), x, y)?;
             }
         }
+        if pushed {
+            self.ignores.pop();
+        }
         Ok(())
+    }
+
+    /// Adds the ignore files of live directory `dir`; whether a level was pushed.
+    fn push_ignores(&mut self, dir: &Path) -> Result<bool> {
+        let (pushed, unreadable) =
+            self.ignores
+                .push_dir(dir, &self.opts.exclude.ignore_files, |name| {
+                    std::fs::symlink_metadata(dir.join(name)).is_ok()
+                })?;
+        for (file, e) in unreadable {
+            self.problem(&file, &format!("ignore file not read, not applied: {e}"));
+        }
+        Ok(pushed)
+    }
+
+    /// Whether backup would leave out live entry `path` (never the live directory
+    /// itself: backup applies exclusions below the paths it is given).
+    fn excluded(&self, path: &Path, md: &Metadata) -> bool {
+        let exclude = &self.opts.exclude;
+        self.excludes.matches(path)
+            || self.ignores.is_ignored(path, md.is_dir())
+            || (md.is_dir() && exclude.is_tagged_dir(path))
+            || (md.is_file() && exclude.is_too_large(md.len()))
     }
 
     fn compare(&mut self, path: &[u8], old: Option<Item>, new: Option<Item>) -> Result<()> {

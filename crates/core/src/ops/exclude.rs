@@ -7,12 +7,46 @@
 //! Each pattern remembers whether it matched anything, so that a backup can warn about
 //! a pattern that left nothing out (a typo, or a path written for another tree).
 
+use std::ffi::OsString;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::error::{Error, Result};
+use crate::ops::ignore_files;
+
+/// What a walk of live files leaves out: backup's options, which `diff` with a live
+/// directory applies too, so that it shows what the next backup would store.
+#[derive(Debug, Clone, Default)]
+pub struct ExcludeOptions {
+    /// `--exclude` patterns (see the module's description).
+    pub excludes: Vec<String>,
+    /// Names of per-directory ignore files in gitignore syntax, in increasing precedence
+    /// (the CLI passes `.gitignore` with `--git-ignore`, then `.cairnignore`).
+    pub ignore_files: Vec<OsString>,
+    /// Leave out a directory that holds a file of one of these names.
+    pub exclude_if_present: Vec<OsString>,
+    /// Leave out directories tagged with a valid `CACHEDIR.TAG`.
+    pub exclude_caches: bool,
+    /// Leave out files larger than this many bytes.
+    pub exclude_larger_than: Option<u64>,
+}
+
+impl ExcludeOptions {
+    /// Whether a directory is left out by `exclude_if_present` or `exclude_caches`.
+    pub fn is_tagged_dir(&self, dir: &Path) -> bool {
+        self.exclude_if_present
+            .iter()
+            .any(|name| std::fs::symlink_metadata(dir.join(name)).is_ok())
+            || (self.exclude_caches && ignore_files::has_cachedir_tag(dir))
+    }
+
+    /// Whether a file of `size` bytes is left out by `exclude_larger_than`.
+    pub fn is_too_large(&self, size: u64) -> bool {
+        self.exclude_larger_than.is_some_and(|max| size > max)
+    }
+}
 
 pub struct Excludes {
     names: GlobSet,

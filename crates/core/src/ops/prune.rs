@@ -235,12 +235,14 @@ pub fn prune(
     }
     report.packs_condemned = newly_condemned.len() as u64;
     let Some(session) = session else {
-        report.packs_deleted = newly_condemned.len() as u64
-            + trash
-                .packs
-                .keys()
-                .filter(|p| stored.contains_key(p))
-                .count() as u64;
+        // What a run would delete, sized as the run sizes what it deletes.
+        let condemned = trash.packs.keys().filter(|p| stored.contains_key(p));
+        for pack in newly_condemned.iter().chain(condemned) {
+            report.packs_deleted += 1;
+            if let Ok(size) = repo.storage().size(&pack.storage_name()) {
+                report.bytes_freed += size;
+            }
+        }
         report.duration_ms = started.elapsed().as_millis() as u64;
         return Ok(report);
     };

@@ -122,6 +122,9 @@ pub struct RestoreStats {
     /// Bytes read from those packs.
     pub bytes_read: u64,
     pub errors: Vec<SourceProblem>,
+    /// The restore was cancelled (`Monitor::cancelled`) before it was done: what it
+    /// wrote is complete, and a run with `Overwrite::IfChanged` finishes it.
+    pub interrupted: bool,
     pub duration_ms: u64,
 }
 
@@ -215,7 +218,12 @@ pub fn restore(
             r.problem(&d.path, &format!("metadata not fully restored: {e}"));
         }
     }
-    walked?;
+    match walked {
+        Err(Error::Interrupted) => r.stats.interrupted = true,
+        walked => walked?,
+    }
+    // Cancelled after the walk: the writers may have left the last files unfinished.
+    r.stats.interrupted |= monitor.cancelled();
     r.stats.duration_ms = started.elapsed().as_millis() as u64;
     Ok(r.stats)
 }
@@ -508,6 +516,10 @@ impl Restorer<'_> {
     }
 
     fn problem(&mut self, path: &Path, error: &dyn std::fmt::Display) {
+        // Files the user's stop left unfinished are reported once, as the interruption.
+        if self.monitor.cancelled() && error.to_string() == restore_packs::INTERRUPTED {
+            return;
+        }
         self.monitor.problem(path, error);
         self.stats.errors.push(SourceProblem {
             path: path.to_string_lossy().into_owned(),

@@ -96,6 +96,10 @@ fn max_read(remote: bool) -> u64 {
     }
 }
 
+/// The outcome of a file left unfinished because the restore was cancelled: not a
+/// problem with that file, and not listed as one.
+pub(crate) const INTERRUPTED: &str = "interrupted";
+
 /// What the writers read from the repository's packs.
 #[derive(Debug, Default)]
 pub(crate) struct PackReads {
@@ -152,7 +156,7 @@ pub(crate) fn fill(
         // Parts not written (an interrupted restore) leave their files unfinished.
         for i in 0..batch.files.len() {
             if batch.files[i].remaining.swap(0, Ordering::AcqRel) > 0 {
-                batch.fail(i, "interrupted".into());
+                batch.fail(i, INTERRUPTED.into());
                 batch.finish(i);
             }
         }
@@ -491,7 +495,7 @@ pub(crate) fn place_alone(
         let (mut digest, mut at, mut end) = ([0u8; 32], 0u64, 0u64);
         for part in content(&job.node) {
             if monitor.cancelled() {
-                return Err("interrupted".to_string());
+                return Err(INTERRUPTED.to_string());
             }
             let blob = repo
                 .read_blob_shared(&part.blob)
