@@ -304,8 +304,9 @@ render() {
       table("init", "init")
       table("backup1", "first backup (page cache dropped first)")
       table("backup2", "unchanged second backup")
+      # (A walk under 10 ms, as of the 2,000 files of the mixed corpus, rounds to 0: no ratio.)
       if (("backup2", "plain parallel walk") in wall && ("backup2", "cairn") in wall &&
-          wall["backup2", "cairn"] != "failed")
+          wall["backup2", "cairn"] != "failed" && wall["backup2", "plain parallel walk"] > 0)
         printf "%scairn unchanged backup / plain parallel walk (lstat of every file, all cores): %.2f%s (target: within 2%s)\n",
           fmt == "md" ? "\n" : "  ", wall["backup2", "cairn"] / wall["backup2", "plain parallel walk"],
           fmt == "md" ? "×" : "x", fmt == "md" ? "×" : "x"
