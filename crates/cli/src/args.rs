@@ -152,6 +152,22 @@ pub enum Command {
     Key(KeyCommand),
     /// Serve the repositories in a directory over HTTPS, to clients with tokens
     Serve(ServeArgs),
+    /// Write shell completions or man pages
+    Generate(GenerateArgs),
+}
+
+/// `cairn generate --completions SHELL` or `--man DIR`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("what").required(true))]
+pub struct GenerateArgs {
+    /// Print completions for this shell to standard output (e.g. `cairn generate
+    /// --completions bash > /etc/bash_completion.d/cairn`)
+    #[arg(long, value_name = "SHELL", group = "what")]
+    pub completions: Option<clap_complete::Shell>,
+    /// Write a man page for cairn and each of its commands into DIR (cairn.1,
+    /// cairn-backup.1, ...)
+    #[arg(long, value_name = "DIR", group = "what")]
+    pub man: Option<PathBuf>,
 }
 
 /// `cairn serve --dir DIR --listen ADDR`, or one of the management commands on DIR.

@@ -11,6 +11,7 @@ mod diff;
 mod dump;
 mod find;
 mod forget;
+mod generate;
 mod init;
 mod key;
 mod repair;
@@ -100,5 +101,6 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Copy(a) => copy::run(g, a),
         Command::Key(k) => key::run(g, k),
         Command::Serve(a) => serve::run(g, a),
+        Command::Generate(a) => generate::run(g, a),
     }
 }

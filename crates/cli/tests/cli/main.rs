@@ -15,6 +15,7 @@ mod errors;
 mod escapes;
 mod find;
 mod fixtures;
+mod generate;
 mod helpers;
 mod ignore_files;
 mod init;
