@@ -64,10 +64,8 @@ impl Cipher {
 
     /// Bytes a sealed object has beyond its (padded) plaintext: nonce and tag.
     pub fn overhead(self) -> usize {
-        match self {
-            Cipher::XChaCha20Poly1305 => NONCE_LEN + TAG_LEN,
-            Cipher::Aegis256 => AEGIS_NONCE_LEN + AEGIS_TAG_LEN,
-        }
+        let (nonce, tag) = self.nonce_and_tag_len();
+        nonce + tag
     }
 
     /// The name `init --cipher` and the config use.
