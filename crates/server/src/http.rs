@@ -451,14 +451,44 @@ async fn write(
     Ax(state): Ax<Arc<State>>,
     Path((repo, name)): Path<(String, String)>,
     headers: HeaderMap,
-    body: Body,
+    mut body: Body,
 ) -> Response {
     let token = match authorize(&state, &headers, &repo, Rights::Append) {
         Ok(token) => token,
         Err(refusal) => return answer(None, Err(refusal)),
     };
-    let result = write_checked(&state, &repo, &name, &token, &headers, body).await;
+    let result = write_checked(&state, &repo, &name, &token, &headers, &mut body).await;
+    if result.is_err() {
+        drain(&state, &headers, &mut body).await;
+    }
     answer(Some(&token), result)
+}
+
+/// The most of a refused upload's body read and discarded so that the client sees the
+/// answer: larger than any pack a client writes.
+const MAX_DRAIN: u64 = 256 << 20;
+
+/// Reads what is left of a refused upload's body. A server that answers before the body
+/// is read closes the connection while the client is still sending, and the client then
+/// sees a broken pipe instead of the reason (a quota, an object that exists already).
+/// Bodies that announce more than [`MAX_DRAIN`] are not read: the connection closes.
+async fn drain(state: &State, headers: &HeaderMap, body: &mut Body) {
+    let announced = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_none_or(|len| len > MAX_DRAIN) {
+        return;
+    }
+    let mut read = 0u64;
+    while read <= MAX_DRAIN {
+        match tokio::time::timeout(state.options.idle_timeout, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                read += frame.data_ref().map_or(0, |d| d.len() as u64);
+            }
+            _ => return,
+        }
+    }
 }
 
 async fn write_checked(
@@ -467,7 +497,7 @@ async fn write_checked(
     name: &str,
     token: &TokenEntry,
     headers: &HeaderMap,
-    body: Body,
+    body: &mut Body,
 ) -> std::result::Result<Response, Refusal> {
     check_name(name)?;
     let kind = layout::classify(name);
@@ -530,7 +560,7 @@ async fn receive(
     name: &str,
     kind: Option<Kind<'_>>,
     len: u64,
-    mut body: Body,
+    body: &mut Body,
 ) -> std::result::Result<(), Refusal> {
     let store = state.store(repo);
     let mut pending =
