@@ -154,6 +154,25 @@ pub enum Command {
     Serve(ServeArgs),
     /// Write shell completions or man pages
     Generate(GenerateArgs),
+    /// Run jobs of the config file now: backup, forget, and prune and check when due
+    Run(RunArgs),
+    /// Run the config file's jobs on their schedules, until stopped
+    Daemon(DaemonArgs),
+}
+
+/// `cairn run [JOB...]`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The jobs to run (default: all of them), as named by [jobs.NAME]
+    pub jobs: Vec<String>,
+}
+
+/// `cairn daemon`.
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// How to log: `text` lines, or `json`, one object per event (on standard output)
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
 }
 
 /// `cairn generate --completions SHELL` or `--man DIR`.
@@ -349,6 +368,8 @@ pub enum ConfigCommand {
     /// Named repositories, used as `-r @NAME` or as the default
     #[command(subcommand)]
     Repo(RepoCommand),
+    /// Check the config file: every error is given with its line and key
+    Check,
 }
 
 #[derive(Debug, Subcommand)]

@@ -25,6 +25,7 @@ use toml_edit::{DocumentMut, Item, Table, TableLike, Value};
 
 const DEFAULT_KEY: &str = "default";
 const REPOS_KEY: &str = "repos";
+const JOBS_KEY: &str = "jobs";
 const ADDRESS_KEY: &str = "address";
 const PASSWORD_COMMAND_KEY: &str = "password-command";
 const PASSWORD_FILE_KEY: &str = "password-file";
@@ -336,8 +337,10 @@ fn read_doc(doc: &DocumentMut, path: &Path) -> Result<Parsed> {
                     repos.insert(name.to_string(), entry);
                 }
             }
+            // Read and checked by crate::jobs::config.
+            JOBS_KEY => {}
             other => bail!(
-                "Unknown setting {other:?}: the file holds `default = \"NAME\"` and [repos.NAME] tables"
+                "Unknown setting {other:?}: the file holds `default = \"NAME\"`, [repos.NAME] and [jobs.NAME] tables"
             ),
         }
     }

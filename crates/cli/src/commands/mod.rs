@@ -7,6 +7,7 @@ mod check;
 mod chunk;
 mod config;
 mod copy;
+mod daemon;
 mod diff;
 mod dump;
 mod find;
@@ -16,6 +17,7 @@ mod init;
 mod key;
 mod repair;
 mod restore;
+mod run;
 mod serve;
 mod snapshots;
 mod stats;
@@ -102,5 +104,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Key(k) => key::run(g, k),
         Command::Serve(a) => serve::run(g, a),
         Command::Generate(a) => generate::run(g, a),
+        Command::Run(a) => run::run(g, a),
+        Command::Daemon(a) => daemon::run(g, a),
     }
 }

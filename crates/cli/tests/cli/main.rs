@@ -20,6 +20,7 @@ mod helpers;
 mod ignore_files;
 mod init;
 mod inspect;
+mod jobs;
 mod keys;
 mod maintenance;
 mod mount;
