@@ -165,6 +165,10 @@ pub enum Command {
 pub struct RunArgs {
     /// The jobs to run (default: all of them), as named by [jobs.NAME]
     pub jobs: Vec<String>,
+    /// Then write every job's metrics to FILE in the Prometheus text format, for
+    /// node_exporter's textfile collector (e.g. /var/lib/node_exporter/cairn.prom)
+    #[arg(long, value_name = "FILE")]
+    pub metrics_file: Option<PathBuf>,
 }
 
 /// `cairn daemon`.
@@ -173,6 +177,15 @@ pub struct DaemonArgs {
     /// How to log: `text` lines, or `json`, one object per event (on standard output)
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+    /// Serve the jobs' status (GET /status, JSON) and metrics (GET /metrics, Prometheus)
+    /// on this loopback address, e.g. 127.0.0.1:9898
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The token the status endpoint asks for (`Authorization: Bearer TOKEN`): the first
+    /// line of FILE, made (random, 0600) if FILE does not exist [default:
+    /// $XDG_STATE_HOME/cairn/daemon.token]
+    #[arg(long, value_name = "FILE", requires = "listen")]
+    pub token_file: Option<PathBuf>,
 }
 
 /// `cairn generate --completions SHELL` or `--man DIR`.

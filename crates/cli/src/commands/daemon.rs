@@ -16,11 +16,12 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::json;
 
 use crate::args::{DaemonArgs, GlobalArgs};
 use crate::jobs::config::{Job, Jobs};
+use crate::jobs::metrics::Live;
 use crate::jobs::runner::Outcome;
 use crate::jobs::state::{self, JobState, Lock};
 
@@ -43,6 +44,24 @@ pub fn run(g: &GlobalArgs, a: DaemonArgs) -> Result<u8> {
         );
     };
     let jobs = load(&path)?;
+    let shared = crate::jobs::http::Shared::default();
+    if let Some(addr) = &a.listen {
+        let token_file = match &a.token_file {
+            Some(f) => f.clone(),
+            None => state::state_dir()?.join("daemon.token"),
+        };
+        let token = token(&token_file)?;
+        let bound = crate::jobs::http::spawn(addr, &token, shared.clone())?;
+        log.event(
+            "listening",
+            None,
+            &format!(
+                "status on http://{bound}/status and /metrics, token in {}",
+                token_file.display()
+            ),
+            json!({"address": bound.to_string(), "token_file": token_file}),
+        );
+    }
     detach_stdin();
     crate::signals::install();
     crate::signals::install_reload();
@@ -101,6 +120,18 @@ pub fn run(g: &GlobalArgs, a: DaemonArgs) -> Result<u8> {
             }
         }
         slots.retain(|_, s| !s.removed || s.running.is_some());
+        if let Ok(mut live) = shared.lock() {
+            *live = slots
+                .iter()
+                .map(|(name, s)| {
+                    let view = Live {
+                        running: s.running.is_some(),
+                        next_ms: s.next_ms.filter(|_| s.running.is_none()),
+                    };
+                    (name.clone(), view)
+                })
+                .collect();
+        }
         std::thread::sleep(TICK);
     }
     log.event(
@@ -139,6 +170,39 @@ fn load(path: &Path) -> Result<Jobs> {
 fn daemon_lock_path(config: &Path) -> Result<PathBuf> {
     let hash = blake3::hash(config.as_os_str().as_encoded_bytes());
     Ok(state::state_dir()?.join(format!("daemon-{}.lock", &hash.to_hex()[..16])))
+}
+
+/// The status endpoint's token: the first line of `file`, or a new random one written
+/// there (0600) if it does not exist.
+fn token(file: &Path) -> Result<String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::read_to_string(file) {
+        Ok(text) => {
+            let token = text.lines().next().unwrap_or("").trim().to_string();
+            if token.is_empty() {
+                bail!("The token file {} is empty", file.display());
+            }
+            Ok(token)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let token = hex::encode(rand::random::<[u8; 32]>());
+            if let Some(dir) = file.parent() {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("Cannot create {}", dir.display()))?;
+            }
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(file)
+                .with_context(|| format!("Cannot create the token file {}", file.display()))?;
+            writeln!(f, "{token}")
+                .with_context(|| format!("Cannot write the token file {}", file.display()))?;
+            Ok(token)
+        }
+        Err(e) => Err(e).with_context(|| format!("Cannot read the token file {}", file.display())),
+    }
 }
 
 /// A daemon never waits for a password on a terminal: a job without a password source

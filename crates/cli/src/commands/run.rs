@@ -5,6 +5,7 @@ use anyhow::Result;
 
 use crate::args::{GlobalArgs, RunArgs};
 use crate::jobs::config::Jobs;
+use crate::jobs::metrics;
 use crate::jobs::runner::Outcome;
 use crate::jobs::state::Status;
 use crate::{output, EXIT_INTERRUPTED, EXIT_PARTIAL};
@@ -50,6 +51,14 @@ pub fn run(g: &GlobalArgs, a: RunArgs) -> Result<u8> {
         }
     }
     print(g, &outcomes)?;
+    if let Some(file) = &a.metrics_file {
+        let all = jobs
+            .jobs
+            .keys()
+            .map(|n| (n.clone(), Default::default()))
+            .collect();
+        metrics::write_file(file, &metrics::prometheus(&metrics::views(&all)))?;
+    }
     let worst = |s: Status| outcomes.iter().any(|o| o.status == s);
     Ok(if worst(Status::Interrupted) {
         EXIT_INTERRUPTED

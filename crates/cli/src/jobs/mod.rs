@@ -1,9 +1,12 @@
 //! Backups that run themselves: jobs in the config file (`config`), when they run
-//! (`schedule`), one run of a job (`runner`), who hears about it (`notify`) and what is
-//! remembered between runs (`state`). `cairn run`, `cairn daemon` and `cairn config check`
+//! (`schedule`), one run of a job (`runner`), who hears about it (`notify`), what is
+//! remembered between runs (`state`) and what machines can read of it (`metrics`, and
+//! the daemon's endpoint `http`). `cairn run`, `cairn daemon` and `cairn config check`
 //! are built on these; none of it is in cairn-core, which knows nothing of jobs.
 
 pub mod config;
+pub mod http;
+pub mod metrics;
 pub mod notify;
 pub mod runner;
 pub mod schedule;

@@ -514,3 +514,169 @@ fn sigterm_stops_a_backup_in_flight_cleanly_and_the_next_run_completes() {
     let out = env.bare_cmd().args(["-r", "@a", "check"]).output().unwrap();
     assert_success(&out, "check after the interrupted run");
 }
+
+/// `GET path` with a bearer token: the status code and the body.
+fn http_get(addr: &str, path: &str, token: Option<&str>) -> (u16, String) {
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    let auth = token
+        .map(|t| format!("authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nhost: {addr}\r\n{auth}connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    conn.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+/// Prometheus text format: `name{labels} value` lines, `# ...` comments.
+fn parse_metrics(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').unwrap_or_else(|| panic!("{l:?}"));
+            let value: f64 = value
+                .parse()
+                .unwrap_or_else(|_| panic!("{l:?} ends in a number"));
+            (series.to_string(), value)
+        })
+        .collect()
+}
+
+fn metric(metrics: &[(String, f64)], series: &str) -> f64 {
+    metrics
+        .iter()
+        .find(|(s, _)| s == series)
+        .unwrap_or_else(|| panic!("no {series} in {metrics:?}"))
+        .1
+}
+
+#[test]
+fn the_status_endpoint_serves_job_status_and_prometheus_metrics() {
+    let env = jobs_env("");
+    write_config(
+        &env,
+        &format!(
+            "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\", \"@b\"]\nschedule = \"every 1s\"\n",
+            env.path("src").display()
+        ),
+    );
+    let token_file = env.path("token");
+    std::fs::write(&token_file, "s3cret\n").unwrap();
+    let mut child = spawnable_bare(&env)
+        .args([
+            "daemon",
+            "--log-format",
+            "json",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+        ])
+        .arg(&token_file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first line says where it listens.
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let first: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(first["event"], "listening", "{line}");
+    let addr = first["address"].as_str().unwrap().to_string();
+    wait_for(30, "a finished run", || {
+        let (_, body) = http_get(&addr, "/status", Some("s3cret"));
+        serde_json::from_str::<Value>(&body).unwrap()["jobs"]["home"]["status"] == "success"
+    });
+    assert_eq!(http_get(&addr, "/metrics", None).0, 401);
+    assert_eq!(http_get(&addr, "/status", Some("wrong")).0, 401);
+    let (code, body) = http_get(&addr, "/metrics", Some("s3cret"));
+    assert_eq!(code, 200);
+    let m = parse_metrics(&body);
+    assert_eq!(metric(&m, "cairn_job_success{job=\"home\"}"), 1.0);
+    assert_eq!(metric(&m, "cairn_job_errors{job=\"home\"}"), 0.0);
+    assert_eq!(metric(&m, "cairn_job_files{job=\"home\"}"), 5.0);
+    let last = metric(&m, "cairn_job_last_success_timestamp_seconds{job=\"home\"}");
+    let now = jiff::Timestamp::now().as_second() as f64;
+    assert!(last <= now && last > now - 60.0, "{last} vs {now}");
+    assert_eq!(
+        metric(
+            &m,
+            "cairn_repository_success{job=\"home\",repository=\"@b\"}"
+        ),
+        1.0
+    );
+    let (_, status) = http_get(&addr, "/status", Some("s3cret"));
+    let status: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        status["jobs"]["home"]["repositories"]["@b"]["status"], "success",
+        "{status}"
+    );
+    child.stdout = Some(stdout.into_inner());
+    let (code, _, err) = stop(child);
+    assert_eq!(code, 0, "{err}");
+}
+
+#[test]
+fn run_writes_a_metrics_file_for_the_textfile_collector() {
+    let env = jobs_env("");
+    write_config(
+        &env,
+        &format!(
+            "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\"]\n\n[jobs.etc]\npaths = [\"/nonexistent-cairn\"]\nrepos = [\"@a\"]\n",
+            env.path("src").display()
+        ),
+    );
+    let file = env.path("cairn.prom");
+    let out = env
+        .bare_cmd()
+        .args(["run", "home", "--metrics-file"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn run --metrics-file");
+    let m = parse_metrics(&std::fs::read_to_string(&file).unwrap());
+    assert_eq!(metric(&m, "cairn_job_success{job=\"home\"}"), 1.0);
+    assert_eq!(metric(&m, "cairn_job_files{job=\"home\"}"), 5.0);
+    assert_eq!(metric(&m, "cairn_job_read_bytes{job=\"home\"}"), 100_000.0);
+    // A job that never ran has no samples but its running state.
+    assert!(!m.iter().any(|(s, _)| s == "cairn_job_success{job=\"etc\"}"));
+}
+
+#[test]
+fn sighup_reloads_the_config_and_a_broken_one_is_refused() {
+    let env = jobs_env("");
+    let job = |schedule: &str| {
+        format!(
+            "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\"]\nschedule = \"{schedule}\"\nbefore = \"touch {}\"\n",
+            env.path("src").display(),
+            env.path("ran").display()
+        )
+    };
+    write_config(&env, &job("every 1h"));
+    let child = daemon(&env);
+    let hup = || unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_millis(500));
+    write_config(&env, &job("every 1 hour"));
+    hup();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!env.path("ran").exists());
+    write_config(&env, &job("every 1s"));
+    hup();
+    wait_for(20, "a run on the reloaded schedule", || {
+        env.path("ran").exists()
+    });
+    let (code, log, err) = stop(child);
+    assert_eq!(code, 0, "{err}");
+    let failed = events(&log, "reload_failed");
+    assert_eq!(failed.len(), 1, "{log:?}");
+    assert!(
+        failed[0]["error"].as_str().unwrap().contains("line 10"),
+        "{failed:?}"
+    );
+    assert_eq!(events(&log, "reloaded").len(), 1);
+}
