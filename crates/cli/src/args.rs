@@ -158,6 +158,32 @@ pub enum Command {
     Run(RunArgs),
     /// Run the config file's jobs on their schedules, until stopped
     Daemon(DaemonArgs),
+    /// Run the jobs from systemd timers instead of `cairn daemon`
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Write and enable a service and a timer for each job with a schedule
+    Install(ScheduleArgs),
+    /// Disable and remove the units `install` wrote
+    Remove(ScheduleArgs),
+    /// List the units `install` wrote, and their timers' next runs
+    Status(ScheduleArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    /// User units, run as you while you are logged in (or lingering) [default]
+    #[arg(long, conflicts_with = "system")]
+    pub user: bool,
+    /// System units in /etc/systemd/system (run as root)
+    #[arg(long)]
+    pub system: bool,
+    /// Write the units into DIR and do nothing else (no systemctl)
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 /// `cairn run [JOB...]`.

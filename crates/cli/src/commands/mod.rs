@@ -18,6 +18,7 @@ mod key;
 mod repair;
 mod restore;
 mod run;
+mod schedule;
 mod serve;
 mod snapshots;
 mod stats;
@@ -106,5 +107,6 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Generate(a) => generate::run(g, a),
         Command::Run(a) => run::run(g, a),
         Command::Daemon(a) => daemon::run(g, a),
+        Command::Schedule(c) => schedule::run(g, c),
     }
 }

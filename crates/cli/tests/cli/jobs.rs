@@ -680,3 +680,81 @@ fn sighup_reloads_the_config_and_a_broken_one_is_refused() {
     );
     assert_eq!(events(&log, "reloaded").len(), 1);
 }
+
+#[test]
+fn schedule_install_writes_units_that_systemd_analyze_accepts() {
+    let env = jobs_env("");
+    let src = env.path("src");
+    write_config(
+        &env,
+        &format!(
+            "[jobs.home]\npaths = [\"{0}\"]\nrepos = [\"@a\"]\nschedule = \"daily 02:30\"\njitter = \"10m\"\n\
+             limits = {{ nice = true }}\n\n\
+             [jobs.often]\npaths = [\"{0}\"]\nrepos = [\"@a\"]\nschedule = \"every 6h\"\n\n\
+             [jobs.office]\npaths = [\"{0}\"]\nrepos = [\"@b\"]\nschedule = \"*/15 8-18 * * 1-5\"\n\n\
+             [jobs.manual]\npaths = [\"{0}\"]\nrepos = [\"@b\"]\n",
+            src.display()
+        ),
+    );
+    let dir = env.path("units");
+    let out = env
+        .bare_cmd()
+        .args(["schedule", "install", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_success(&out, "schedule install --dir");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "cairn-home.service",
+            "cairn-home.timer",
+            "cairn-office.service",
+            "cairn-office.timer",
+            "cairn-often.service",
+            "cairn-often.timer"
+        ]
+    );
+    let timer = std::fs::read_to_string(dir.join("cairn-home.timer")).unwrap();
+    assert!(
+        timer.contains("OnCalendar=*-*-* 02:30:00\nPersistent=true\nRandomizedDelaySec=600\n"),
+        "{timer}"
+    );
+    let service = std::fs::read_to_string(dir.join("cairn-home.service")).unwrap();
+    assert!(service.contains(" run home\n"), "{service}");
+
+    match std::process::Command::new("systemd-analyze").arg("--version").output() {
+        Ok(o) if o.status.success() => {
+            let units: Vec<_> = names.iter().map(|n| dir.join(n)).collect();
+            let out = std::process::Command::new("systemd-analyze")
+                .args(["verify", "--man=no"])
+                .args(&units)
+                .output()
+                .unwrap();
+            assert_success(&out, "systemd-analyze verify");
+            assert!(stderr(&out).trim().is_empty(), "systemd-analyze says: {}", stderr(&out));
+            let out = std::process::Command::new("systemd-analyze")
+                .args(["calendar", "Mon..Fri *-*-* 8..18:0/15:00"])
+                .output()
+                .unwrap();
+            assert_success(&out, "systemd-analyze calendar");
+        }
+        _ => eprintln!("SKIPPED the systemd-analyze verification: systemd-analyze is not installed (scripts/services.sh install installs it)"),
+    }
+
+    // remove takes only what install wrote.
+    std::fs::write(dir.join("cairn-mine.timer"), "[Timer]\n").unwrap();
+    let out = env
+        .bare_cmd()
+        .args(["schedule", "remove", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert_success(&out, "schedule remove --dir");
+    assert_eq!(count_files(&dir), 1);
+}
