@@ -1,7 +1,7 @@
 //! One file per command: each converts its arguments into core options, calls one core
 //! operation, and prints the report for people or as JSON.
 
-mod backup;
+pub mod backup;
 mod browse;
 mod check;
 mod chunk;

@@ -61,6 +61,7 @@ pub fn status_json(views: &[JobView]) -> serde_json::Value {
                             "last_prune": time(r.last_prune_ms),
                             "last_check": time(r.last_check_ms),
                             "bytes_added": r.bytes_added,
+                            "repository_bytes": r.repository_bytes,
                         }),
                     )
                 })
@@ -184,6 +185,11 @@ pub fn prometheus(views: &[JobView]) -> String {
         "Bytes the last run stored in this repository.",
         per_repo(&|r| r.status.map(|_| r.bytes_added as f64)),
     );
+    family(
+        "cairn_repository_size_bytes",
+        "Bytes of the repository's packs after the last run.",
+        per_repo(&|r| r.repository_bytes.map(|b| b as f64)),
+    );
     out
 }
 
@@ -224,7 +230,11 @@ mod tests {
             status: Some(Status::Success),
             ..JobState::default()
         };
-        state.repos.insert("/a \"b\"".into(), Default::default());
+        let repo = super::super::state::RepoState {
+            status: Some(Status::Success),
+            ..Default::default()
+        };
+        state.repos.insert("/a \"b\"".into(), repo);
         let text = prometheus(&[JobView {
             name: "home".into(),
             state,

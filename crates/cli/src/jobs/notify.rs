@@ -3,7 +3,9 @@
 //! - `healthchecks:URL`: a healthchecks.io-style check. `URL/start` when the run starts,
 //!   `URL` on success, `URL/fail` on failure, each a POST whose body is the tail of the
 //!   run's log (healthchecks keeps the first 100 kB of it).
-//! - `webhook:URL`: a POST of the JSON document [`Report`] when the run ends.
+//! - `webhook:URL`: a POST of the JSON document [`Report`] when the run ends; or
+//!   `{ webhook = URL, body = TEMPLATE, content-type = TYPE }`, a POST of the template
+//!   with `{job}`, `{status}`, ... filled in (ntfy, Gotify, chat webhooks).
 //! - `command:CMD`: `sh -c CMD` when the run ends, with the hooks' variables and the
 //!   report as JSON on its standard input (for mail, ntfy, gotify, ...).
 //!
@@ -24,29 +26,98 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// The most of the log sent with a ping.
 pub const LOG_TAIL_BYTES: usize = 10_000;
 
-/// One entry of a job's `notify`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "String")]
+/// One entry of a job's `notify`: a string, or a table for a webhook with a template.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     Healthchecks(String),
     Webhook(String),
+    /// `{ webhook = URL, body = TEMPLATE, content-type = TYPE }`: for ntfy, Gotify and the
+    /// like, which want their own body.
+    Template {
+        url: String,
+        body: String,
+        content_type: String,
+    },
     Command(String),
+}
+
+/// The table form of a target.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct TemplateToml {
+    webhook: String,
+    body: String,
+    content_type: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Target {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Target;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"healthchecks:URL\", \"webhook:URL\", \"command:CMD\" or { webhook = URL, body = TEMPLATE }")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Target, E> {
+                Target::try_from(s.to_string()).map_err(E::custom)
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(self, map: M) -> Result<Target, M::Error> {
+                let t =
+                    TemplateToml::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(Target::Template {
+                    url: http_url(&t.webhook).map_err(serde::de::Error::custom)?,
+                    body: t.body,
+                    content_type: t.content_type.unwrap_or_else(|| "text/plain".into()),
+                })
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+fn http_url(u: &str) -> Result<String, String> {
+    if u.starts_with("http://") || u.starts_with("https://") {
+        Ok(u.trim_end_matches('/').to_string())
+    } else {
+        Err(format!("{u:?} is not an http:// or https:// URL"))
+    }
+}
+
+/// `template` with `{job}`, `{status}`, `{host}`, `{snapshot}`, `{error}`, `{duration_ms}`,
+/// `{bytes_added}` and `{log_tail}` replaced; inside a JSON body, as JSON string contents.
+fn fill(template: &str, report: &Report, json: bool) -> String {
+    let value = |s: String| {
+        if json {
+            let quoted = serde_json::Value::String(s).to_string();
+            quoted[1..quoted.len() - 1].to_string()
+        } else {
+            s
+        }
+    };
+    let fields = [
+        ("{job}", report.job.clone()),
+        ("{status}", report.status.clone()),
+        ("{host}", report.host.clone()),
+        ("{snapshot}", report.snapshot.clone().unwrap_or_default()),
+        ("{error}", report.error.clone().unwrap_or_default()),
+        ("{duration_ms}", report.duration_ms.to_string()),
+        ("{bytes_added}", report.bytes_added.to_string()),
+        ("{log_tail}", report.log_tail.clone()),
+    ];
+    let mut out = template.to_string();
+    for (name, v) in fields {
+        out = out.replace(name, &value(v));
+    }
+    out
 }
 
 impl TryFrom<String> for Target {
     type Error = String;
 
     fn try_from(s: String) -> Result<Self, String> {
-        let url = |u: &str| -> Result<String, String> {
-            if u.starts_with("http://") || u.starts_with("https://") {
-                Ok(u.trim_end_matches('/').to_string())
-            } else {
-                Err(format!("{u:?} is not an http:// or https:// URL"))
-            }
-        };
         match s.split_once(':') {
-            Some(("healthchecks", u)) => url(u).map(Target::Healthchecks),
-            Some(("webhook", u)) => url(u).map(Target::Webhook),
+            Some(("healthchecks", u)) => http_url(u).map(Target::Healthchecks),
+            Some(("webhook", u)) => http_url(u).map(Target::Webhook),
             Some(("command", c)) if !c.trim().is_empty() => Ok(Target::Command(c.to_string())),
             _ => Err(format!(
                 "{s:?} is not a notification: use healthchecks:URL, webhook:URL or command:CMD"
@@ -101,7 +172,7 @@ fn post(
     client: &reqwest::blocking::Client,
     url: &str,
     body: Vec<u8>,
-    json: bool,
+    content_type: Option<&str>,
 ) -> Result<(), String> {
     let mut last = String::new();
     for attempt in 0..TRIES {
@@ -109,8 +180,8 @@ fn post(
             std::thread::sleep(Duration::from_millis(500 << attempt));
         }
         let mut req = client.post(url).body(body.clone());
-        if json {
-            req = req.header("content-type", "application/json");
+        if let Some(t) = content_type {
+            req = req.header("content-type", t);
         }
         match req.send() {
             Ok(resp) if resp.status().is_success() => return Ok(()),
@@ -129,7 +200,7 @@ pub fn started(targets: &[Target], log: &RunLog) {
     for t in targets {
         if let Target::Healthchecks(url) = t {
             let url = format!("{url}/start");
-            if let Err(e) = post(&client, &url, Vec::new(), false) {
+            if let Err(e) = post(&client, &url, Vec::new(), None) {
                 log.warn(&format!("Cannot notify {url}: {e}"));
             }
         }
@@ -153,14 +224,26 @@ pub fn finished(targets: &[Target], report: &Report, env: &[(String, String)], l
                     format!("{url}/fail")
                 };
                 let r = match &client {
-                    Some(c) => post(c, &url, report.log_tail.clone().into_bytes(), false),
+                    Some(c) => post(c, &url, report.log_tail.clone().into_bytes(), None),
                     None => Err("no HTTP client".into()),
                 };
                 (url, r)
             }
             Target::Webhook(url) => {
                 let r = match &client {
-                    Some(c) => post(c, url, json.clone(), true),
+                    Some(c) => post(c, url, json.clone(), Some("application/json")),
+                    None => Err("no HTTP client".into()),
+                };
+                (url.clone(), r)
+            }
+            Target::Template {
+                url,
+                body,
+                content_type,
+            } => {
+                let body = fill(body, report, content_type.contains("json"));
+                let r = match &client {
+                    Some(c) => post(c, url, body.into_bytes(), Some(content_type)),
                     None => Err("no HTTP client".into()),
                 };
                 (url.clone(), r)
@@ -216,5 +299,31 @@ mod tests {
         assert!(t("slack:https://x").is_err());
         assert!(t("webhook:ftp://x").is_err());
         assert!(t("command: ").is_err());
+    }
+
+    #[test]
+    fn templates_are_filled_and_json_stays_json() {
+        let report = Report {
+            job: "home".into(),
+            status: "failure".into(),
+            host: "h".into(),
+            started: String::new(),
+            duration_ms: 5,
+            snapshot: None,
+            repositories: Vec::new(),
+            files: 0,
+            bytes_read: 0,
+            bytes_added: 0,
+            errors: 0,
+            error: Some("a \"quoted\"\nerror".into()),
+            log_tail: String::new(),
+        };
+        assert_eq!(
+            fill("{job}: {status} in {duration_ms} ms", &report, false),
+            "home: failure in 5 ms"
+        );
+        let json = fill(r#"{"message": "{error}"}"#, &report, true);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["message"], "a \"quoted\"\nerror");
     }
 }

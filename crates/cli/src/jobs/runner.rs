@@ -29,6 +29,7 @@ use cairn_core::ops::check::{self, CheckOptions};
 use cairn_core::ops::copy::{self, CopyOptions};
 use cairn_core::ops::forget::{self, GroupBy, KeepPolicy};
 use cairn_core::ops::prune::{self, PruneOptions};
+use cairn_core::ops::stats;
 
 use super::config::{Job, Keep};
 use super::notify::{self, RepoReport, Report, LOG_TAIL_BYTES};
@@ -391,7 +392,7 @@ fn backup_into(
         exclude,
         tags: job.tags.clone(),
         host: host.to_string(),
-        username: std::env::var("USER").unwrap_or_default(),
+        username: crate::commands::backup::username(),
         one_file_system: job.one_file_system,
         parent: None,
         force: false,
@@ -451,8 +452,10 @@ fn maintain(
         log.line(&format!("forget: removed {} snapshots", r.removed.len()));
     }
     let now = state::now_ms();
-    if let Some(every) = job.prune.filter(|p| p.due(repo_state.last_prune_ms, now)) {
-        let _ = every;
+    if job
+        .prune
+        .is_some_and(|p| p.due(repo_state.last_prune_ms, now))
+    {
         let mut repo = context::open(g)?;
         let opts = PruneOptions {
             max_unused_percent: 5.0,
@@ -488,6 +491,11 @@ fn maintain(
             anyhow::bail!("check found {} problems (see the log)", r.problems.len());
         }
         log.line("check: no problems found");
+    }
+    // The repository's size for the metrics: worth a line in the log if it fails, no more.
+    match context::open(g).and_then(|repo| Ok(stats::stats(&repo, &[])?)) {
+        Ok(s) => repo_state.repository_bytes = s.pack_bytes,
+        Err(e) => log.line(&format!("warning: cannot measure the repository: {e:#}")),
     }
     Ok(())
 }

@@ -66,7 +66,7 @@ pub struct RepoState {
     pub last_success_ms: Option<i64>,
     pub status: Option<Status>,
     pub bytes_added: u64,
-    /// Stored bytes of the repository after the last prune, if one ran.
+    /// The packs' bytes after the last run: what the repository takes on its storage.
     pub repository_bytes: Option<u64>,
 }
 

@@ -300,13 +300,15 @@ fn a_failing_before_hook_fails_the_job_notifies_and_makes_no_snapshot() {
     write_config(
         &env,
         &format!(
-            "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\"]\nbefore = \"echo dumping; exit 3\"\n\
-             after = \"echo $CAIRN_STATUS > {}\"\n\
-             notify = [\"healthchecks:{}/ping/abc\", \"webhook:{}/hook\"]\n",
-            env.path("src").display(),
-            env.path("after-ran").display(),
-            http.url,
-            http.url
+            "[jobs.home]\npaths = [\"{src}\"]\nrepos = [\"@a\"]\nbefore = \"echo dumping; exit 3\"\n\
+             after = \"echo $CAIRN_STATUS > {after}\"\n\
+             notify = [\"healthchecks:{url}/ping/abc\", \"webhook:{url}/hook\",\n\
+             {{ webhook = \"{url}/ntfy\", body = \"cairn {{job}} on {{host}}: {{status}}\" }},\n\
+             {{ webhook = \"{url}/gotify\", content-type = \"application/json\", \
+             body = '{{\"title\": \"cairn {{job}}\", \"message\": \"{{error}}\"}}' }}]\n",
+            url = http.url,
+            src = env.path("src").display(),
+            after = env.path("after-ran").display(),
         ),
     );
     let (code, reports) = run_json(&env, &[]);
@@ -320,7 +322,16 @@ fn a_failing_before_hook_fails_the_job_notifies_and_makes_no_snapshot() {
     );
     let got = http.requests();
     let paths: Vec<_> = got.iter().map(|r| r.path.as_str()).collect();
-    assert_eq!(paths, ["/ping/abc/start", "/ping/abc/fail", "/hook"]);
+    assert_eq!(
+        paths,
+        [
+            "/ping/abc/start",
+            "/ping/abc/fail",
+            "/hook",
+            "/ntfy",
+            "/gotify"
+        ]
+    );
     // The failure ping carries the log's tail, with the hook's own output.
     assert!(
         got[1].body.contains("dumping") && got[1].body.contains("before hook failed"),
@@ -459,9 +470,14 @@ fn a_run_missed_while_the_daemon_was_stopped_is_caught_up_at_startup() {
     std::fs::write(state_file(&env), state.to_string()).unwrap();
 
     let child = daemon(&env);
+    let edited = json_u64(&state, "last_started_ms");
     wait_for(30, "the caught-up run", || {
-        snapshots_of(&env, "@a").len() == 2
+        let now: Value = serde_json::from_slice(&std::fs::read(state_file(&env)).unwrap()).unwrap();
+        json_u64(&now, "last_started_ms") > edited
     });
+    assert_eq!(snapshots_of(&env, "@a").len(), 2);
+    // The daemon's loop sees the run's end within a tick.
+    std::thread::sleep(Duration::from_millis(500));
     let (code, log, err) = stop(child);
     assert_eq!(code, 0, "{err}");
     assert_eq!(events(&log, "missed").len(), 1, "{log:?}");
@@ -643,6 +659,20 @@ fn run_writes_a_metrics_file_for_the_textfile_collector() {
     assert_eq!(metric(&m, "cairn_job_success{job=\"home\"}"), 1.0);
     assert_eq!(metric(&m, "cairn_job_files{job=\"home\"}"), 5.0);
     assert_eq!(metric(&m, "cairn_job_read_bytes{job=\"home\"}"), 100_000.0);
+    // The repository's packs, as `cairn stats` counts them.
+    let out = env
+        .bare_cmd()
+        .args(["-r", "@a", "stats", "--json"])
+        .output()
+        .unwrap();
+    assert_success(&out, "stats");
+    let packs = json_u64(&parse_json(&out.stdout, "stats --json"), "pack_bytes");
+    let size = metric(
+        &m,
+        "cairn_repository_size_bytes{job=\"home\",repository=\"@a\"}",
+    );
+    assert_eq!(size, packs as f64);
+    assert!(size > 100_000.0, "{size}");
     // A job that never ran has no samples but its running state.
     assert!(!m.iter().any(|(s, _)| s == "cairn_job_success{job=\"etc\"}"));
 }
@@ -757,4 +787,24 @@ fn schedule_install_writes_units_that_systemd_analyze_accepts() {
         .unwrap();
     assert_success(&out, "schedule remove --dir");
     assert_eq!(count_files(&dir), 1);
+}
+
+#[test]
+fn limits_nice_runs_the_job_and_its_hooks_at_a_lower_priority() {
+    let env = jobs_env("");
+    write_config(
+        &env,
+        &format!(
+            "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\"]\nlimits = {{ nice = true, threads = 1 }}\n\
+             before = \"nice > {}\"\n",
+            env.path("src").display(),
+            env.path("niceness").display()
+        ),
+    );
+    let out = env.bare_cmd().args(["run", "home"]).output().unwrap();
+    assert_success(&out, "cairn run");
+    assert_eq!(
+        std::fs::read_to_string(env.path("niceness")).unwrap(),
+        "10\n"
+    );
 }
