@@ -105,7 +105,8 @@ pub fn run(g: &GlobalArgs, a: DaemonArgs) -> Result<u8> {
                 slot.next_ms = next_run(&slot.job, slot.started_ms, now);
                 log_next(name, slot, &log);
             }
-            if slot.running.is_none() && slot.next_ms.is_some_and(|next| next <= now) {
+            let due = slot.next_ms.is_some_and(|next| next <= now);
+            if slot.running.is_none() && due && !slot.removed {
                 log.event(
                     "job_started",
                     Some(name),
@@ -134,11 +135,12 @@ pub fn run(g: &GlobalArgs, a: DaemonArgs) -> Result<u8> {
         }
         std::thread::sleep(TICK);
     }
+    let in_flight = slots.values().filter(|s| s.running.is_some()).count();
     log.event(
         "stopping",
         None,
-        "stopping: runs in flight are interrupted",
-        json!({}),
+        &format!("stopping: {in_flight} runs in flight are interrupted"),
+        json!({ "in_flight": in_flight }),
     );
     for (name, slot) in slots.iter_mut() {
         if let Some(handle) = slot.running.take() {

@@ -808,3 +808,58 @@ fn limits_nice_runs_the_job_and_its_hooks_at_a_lower_priority() {
         "10\n"
     );
 }
+
+/// A day of a daemon compressed into seconds: a job every second, forget after each run,
+/// prune when due (hourly: once here), check after every run, the files changing between
+/// runs.
+#[test]
+fn a_day_of_a_daemon_in_seconds() {
+    let env = jobs_env("");
+    let all = env.path("all-runs.log");
+    write_config(
+        &env,
+        &format!(
+            "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\", \"@b\"]\nschedule = \"every 1s\"\n\
+             keep = {{ last = 2 }}\nprune = \"hourly\"\ncheck = {{ every = \"always\", read-data-subset = \"50%\" }}\n\
+             before = \"date +%s%N > {}\"\nafter = \"cat $CAIRN_LOG >> {}\"\n",
+            env.path("src").display(),
+            env.path("src/stamp").display(),
+            all.display()
+        ),
+    );
+    let child = daemon(&env);
+    let count = |what: &str| {
+        std::fs::read_to_string(&all).map_or(0, |t| t.lines().filter(|l| l.contains(what)).count())
+    };
+    wait_for(60, "four runs", || count("backup to @a") >= 4);
+    let (code, log, err) = stop(child);
+    assert_eq!(code, 0, "{err}");
+    let runs = count("backup to @a");
+    let finished = events(&log, "job_finished");
+    assert!(
+        finished.iter().all(|e| e["status"] == "success"),
+        "{finished:?}"
+    );
+    // Every run copied to @b and forgot down to two snapshots in each repository.
+    assert_eq!(count("copy to @b"), runs);
+    assert_eq!(count("forget:"), 2 * runs);
+    // Prune ran when due: once in each repository, not again within the hour; check
+    // after every run.
+    let (prunes, checks) = (count("prune:"), count("check: no problems found"));
+    assert_eq!(prunes, 2, "{prunes} prunes in {runs} runs");
+    assert_eq!(checks, 2 * runs, "{checks} checks in {runs} runs");
+    for repo in ["@a", "@b"] {
+        assert_eq!(snapshots_of(&env, repo).len(), 2, "{repo}");
+        let out = env
+            .bare_cmd()
+            .args(["-r", repo, "check", "--read-data"])
+            .output()
+            .unwrap();
+        assert_success(&out, "check --read-data");
+    }
+    eprintln!(
+        "a day of a daemon: {runs} runs, {prunes} prunes and {checks} checks over two repositories; \
+         daemon log:\n{}",
+        log.iter().map(|e| e["message"].as_str().unwrap_or("")).collect::<Vec<_>>().join("\n")
+    );
+}
