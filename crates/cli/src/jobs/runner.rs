@@ -194,9 +194,13 @@ pub fn run(name: &str, job: &Job, g: &GlobalArgs) -> Outcome {
     if before_ok {
         work(job, g, &host, &log, &mut state, &mut report);
     }
-    let status = if crate::signals::interrupted() {
+    // A stop asked for after the work was done does not undo it.
+    let failed = report.error.is_some()
+        || report.repositories.len() < specs.len()
+        || report.repositories.iter().any(|r| r.status != "success");
+    let status = if failed && crate::signals::interrupted() {
         Status::Interrupted
-    } else if report.error.is_some() || report.repositories.iter().any(|r| r.status != "success") {
+    } else if failed {
         Status::Failure
     } else if report.errors > 0 {
         Status::Partial
