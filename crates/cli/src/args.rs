@@ -177,7 +177,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub dir: PathBuf,
     /// Listen on HOST:PORT (plain HTTP only on a loopback address; else give --tls-cert
-    /// and --tls-key)
+    /// and --tls-key), or on unix:PATH, a unix socket for a reverse proxy on this machine
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// The server's certificate chain (PEM)

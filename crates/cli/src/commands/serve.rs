@@ -143,7 +143,7 @@ pub fn run(g: &GlobalArgs, a: ServeArgs) -> Result<u8> {
 fn serve(a: ServeArgs) -> Result<u8> {
     let listen = a
         .listen
-        .context("Give the address to listen on: --listen 127.0.0.1:8000 (or HOST:PORT with --tls-cert and --tls-key)")?;
+        .context("Give the address to listen on: --listen 127.0.0.1:8000, unix:PATH (behind a reverse proxy), or HOST:PORT with --tls-cert and --tls-key")?;
     let options = ServeOptions {
         tls: a.tls_cert.zip(a.tls_key),
         delete_delay: a.delete_delay,
@@ -152,12 +152,9 @@ fn serve(a: ServeArgs) -> Result<u8> {
         idle_timeout: a.idle_timeout,
         ..ServeOptions::new(a.dir, listen)
     };
-    cairn_server::serve(options, |addr, tls| {
+    cairn_server::serve(options, |listening| {
         // Tests and scripts read the address (a port of 0 picks one) from this line.
-        println!(
-            "cairn serve: listening on {}://{addr}",
-            if tls { "https" } else { "http" }
-        );
+        println!("cairn serve: listening on {listening}");
         let _ = std::io::stdout().flush();
     })?;
     Ok(0)
