@@ -128,9 +128,10 @@ pub fn run(g: &GlobalArgs, a: ServeArgs) -> Result<u8> {
                     println!("damaged: {name} (its bytes do not hash to its name)");
                 }
                 println!(
-                    "Checked {} objects ({}) in {} repositories: {} damaged",
+                    "Checked {} objects ({}; {} of them deleted and held) in {} repositories: {} damaged",
                     report.objects_checked,
                     output::size(report.bytes_checked),
+                    report.held_checked,
                     report.repositories,
                     report.damaged.len()
                 );
