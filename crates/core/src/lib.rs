@@ -11,6 +11,7 @@ pub mod commit;
 pub mod compress;
 pub mod config;
 pub mod crypto;
+pub mod envelope;
 pub mod error;
 pub mod fsmeta;
 pub mod id;
