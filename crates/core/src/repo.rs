@@ -126,6 +126,8 @@ impl Repository {
             mac: None,
         };
         config.sign(&key);
+        key.bind_repository(&config.id)
+            .expect("a new key is bound to nothing yet");
         // The config is written last: it is what makes the directory a repository.
         let bytes = serde_json::to_vec_pretty(&config).expect("a config serializes");
         storage.write("config", &bytes)?;
@@ -169,6 +171,7 @@ impl Repository {
             .authenticate(&key)
             .map_err(|e| config_error(storage.as_ref(), e))?;
         key.use_cipher(config.cipher())
+            .and_then(|()| key.bind_repository(&config.id))
             .map_err(|e| config_error(storage.as_ref(), ConfigError::Malformed(e)))?;
         Ok(Self::assemble(storage, config, key, access))
     }
