@@ -193,11 +193,7 @@ impl Repository {
             let mut vanished = false;
             for (_, name) in self.index_file_names()? {
                 match self.read_index_file(&name) {
-                    Ok(f) => {
-                        for p in &f.packs {
-                            index.add_pack(p.id, &p.entries);
-                        }
-                    }
+                    Ok(f) => index.add_file(&f),
                     // Replaced by prune between the listing and the read: list again, to
                     // read the file that replaced it.
                     Err(Error::Storage(StorageError::NotFound { .. })) if attempt < 4 => {
@@ -225,9 +221,7 @@ impl Repository {
         let mut index = IndexBuilder::default();
         index.condemn(trash.packs.keys().copied());
         for file in files {
-            for p in &file.packs {
-                index.add_pack(p.id, &p.entries);
-            }
+            index.add_file(file);
         }
         self.install_index(index.finish());
         self.index_problems.clear();
@@ -309,6 +303,18 @@ impl Repository {
         self.index.condemn(packs);
     }
 
+    /// Marks packs as writers' in the in-memory index (and in the index files written
+    /// from it).
+    pub fn mark_writer_packs(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        self.index.mark_writer(packs);
+    }
+
+    /// Adds the packs of an index file to the in-memory index, its writers' packs marked.
+    pub fn absorb_file(&mut self, file: &IndexFile) {
+        self.index.mark_writer(file.writer_packs.iter().copied());
+        self.absorb(&file.packs);
+    }
+
     /// Adds packs written by this process to the in-memory index.
     pub fn absorb(&mut self, packs: &[IndexedPack]) {
         self.tree_packs = std::sync::OnceLock::new();
@@ -333,7 +339,10 @@ impl Repository {
             if self.index.knows_pack(&pack) || !wanted(&pack) {
                 continue;
             }
-            if let Ok(entries) = self.read_pack_header(&pack) {
+            if let Ok((entries, by_writer)) = self.read_pack_header_and_sealer(&pack) {
+                if by_writer {
+                    self.index.mark_writer([pack]);
+                }
                 adopted.push(IndexedPack { id: pack, entries });
             }
         }
@@ -592,6 +601,11 @@ impl Repository {
 
     /// Reads a pack's header from its tail, without reading its blobs.
     pub fn read_pack_header(&self, pack: &PackId) -> Result<Vec<PackEntry>> {
+        Ok(self.read_pack_header_and_sealer(pack)?.0)
+    }
+
+    /// [`read_pack_header`](Self::read_pack_header), and whether a writer sealed the pack.
+    pub fn read_pack_header_and_sealer(&self, pack: &PackId) -> Result<(Vec<PackEntry>, bool)> {
         let name = pack.storage_name();
         let total = self.storage.size(&name)?;
         if total < 4 {
@@ -605,7 +619,9 @@ impl Repository {
         let (start, len) =
             pack::header_range(total, trailer).map_err(|r| self.corrupt(&name, r))?;
         let sealed = self.storage.read_range(&name, start, len)?;
-        pack::open_header(&self.key, &sealed, start).map_err(|r| self.corrupt(&name, r))
+        let entries =
+            pack::open_header(&self.key, &sealed, start).map_err(|r| self.corrupt(&name, r))?;
+        Ok((entries, self.key.sealed_by_writer(&sealed)))
     }
 
     /// Every index file, read again from storage; unreadable ones come back as errors.
@@ -625,12 +641,20 @@ impl Repository {
             .collect())
     }
 
-    /// Writes an index file naming `packs`; they must already be durable.
+    /// Writes an index file naming `packs`; they must already be durable. The packs the
+    /// in-memory index knows as writers' are named so in it.
     pub fn write_index(&self, packs: Vec<IndexedPack>) -> Result<Option<IndexId>> {
         if packs.is_empty() {
             return Ok(None);
         }
-        let bytes = IndexFile::new(packs).seal(&self.key);
+        let mut file = IndexFile::new(packs);
+        file.writer_packs = file
+            .packs
+            .iter()
+            .map(|p| p.id)
+            .filter(|p| self.index.is_writer_pack(p))
+            .collect();
+        let bytes = file.seal(&self.key);
         let id = IndexId::of_bytes(&bytes);
         self.write_cacheable_file(&id.storage_name(), &bytes)?;
         Ok(Some(id))

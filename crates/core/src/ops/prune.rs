@@ -166,7 +166,7 @@ pub fn prune(
     if !gone.is_empty() {
         repo.condemn(gone.iter().copied());
         for (_, file) in &index_files {
-            repo.absorb(&file.packs);
+            repo.absorb_file(file);
         }
         for p in &gone {
             packs.remove(p);
@@ -219,10 +219,13 @@ pub fn prune(
         let total: u64 = entries.iter().map(|e| e.length as u64).sum();
         let unused: u64 = spare.iter().map(|e| e.length as u64).sum();
         report.bytes_unused += unused;
+        // A writer's pack is re-sealed under the repository key whatever its use, so
+        // full keys' backups deduplicate against its blobs from now on.
+        let by_writer = repo.index().is_writer_pack(pack);
         if need.is_empty() {
             newly_condemned.push(*pack);
-        } else if !spare.is_empty()
-            && unused as f64 > total as f64 * opts.max_unused_percent / 100.0
+        } else if by_writer
+            || (!spare.is_empty() && unused as f64 > total as f64 * opts.max_unused_percent / 100.0)
         {
             to_repack.push((*pack, need.into_iter().copied().collect()));
         }
@@ -259,7 +262,7 @@ pub fn prune(
         repo.condemn(newly_condemned.iter().copied());
         // Adding the packs again moves blob locations to live copies where there are any.
         for (_, file) in &index_files {
-            repo.absorb(&file.packs);
+            repo.absorb_file(file);
         }
     }
 
@@ -287,7 +290,7 @@ pub fn prune(
         match file {
             // Not added to `packs`: the file stays, and the index written below must not
             // name its packs a second time.
-            Ok(file) => repo.absorb(&file.packs),
+            Ok(file) => repo.absorb_file(&file),
             // Only this prune deletes index files, and it has not yet: damage.
             Err(e) => {
                 return Err(refuse(
@@ -478,12 +481,28 @@ pub(crate) fn repack(
     let mut written = {
         let writer = repo.blob_writer();
         let mut done = 0;
-        let copied = packs.iter().flat_map(|(_, e)| e).try_for_each(|e| {
-            let data = repo.read_blob(&e.id)?;
-            writer.add_copy(e.kind, &data)?;
-            done += 1;
-            monitor.progress("repacking", done, total as u64);
-            Ok(())
+        let copied = packs.iter().try_for_each(|(pack, entries)| {
+            entries.iter().try_for_each(|e| {
+                let data = match repo.read_blob(&e.id) {
+                    Ok(data) => data,
+                    // A writer's blob that does not open as its id is a writer's garbage
+                    // (or a thief's): nothing of a full key's relies on it. It is left
+                    // out, and whatever snapshot names it is damaged for `check`.
+                    Err(err @ Error::BlobDamaged { .. }) if repo.index().is_writer_pack(pack) => {
+                        let path = std::path::PathBuf::from(pack.storage_name());
+                        monitor.problem(
+                            &path,
+                            &format!("blob {} left out, it does not verify: {err}", e.id),
+                        );
+                        return Ok(());
+                    }
+                    Err(err) => return Err(err),
+                };
+                writer.add_copy(e.kind, &data)?;
+                done += 1;
+                monitor.progress("repacking", done, total as u64);
+                Ok(())
+            })
         });
         match copied {
             Ok(()) => writer.finish()?,
