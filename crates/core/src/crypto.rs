@@ -483,6 +483,13 @@ impl MasterKey {
         }
     }
 
+    /// A MAC for what a write-only key keeps on its own client ([`crate::writer_cache`]):
+    /// keyed by the id key, which every key of the repository holds.
+    pub fn local_mac(&self, bytes: &[u8]) -> [u8; 32] {
+        let key = blake3::derive_key("cairn writer cache MAC", &self.secrets.id_key);
+        *blake3::keyed_hash(&key, bytes).as_bytes()
+    }
+
     /// Whether `sealed` was sealed by a writer (format 3), not by the repository key:
     /// what it says is a writer's word, and blobs in its packs are not deduplicated
     /// against by full keys until prune re-seals them.

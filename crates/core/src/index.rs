@@ -467,6 +467,16 @@ impl Index {
         }
     }
 
+    /// Unmarks writers' packs whose every blob was verified. Locations already chosen
+    /// stay; a blob's location moves to such a pack only as packs are added again.
+    pub fn trust_writer(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        for p in packs {
+            if let Some(&n) = self.packs.numbers.get(&p) {
+                self.packs.writer[n as usize] = false;
+            }
+        }
+    }
+
     /// Whether a writer sealed the pack (see [`IndexFile::writer_packs`]).
     pub fn is_writer_pack(&self, pack: &PackId) -> bool {
         self.packs.is_writer(pack)

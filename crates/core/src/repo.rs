@@ -22,6 +22,7 @@ use crate::snapshot::Snapshot;
 use crate::tree::Tree;
 use crate::window::{PackWindows, RecentBlobs};
 use crate::writer::{BlobWriter, WriterReport};
+use crate::writer_cache::{WriterCache, WriterState};
 
 /// Settings fixed when a repository is created.
 #[derive(Debug, Clone)]
@@ -77,6 +78,8 @@ pub struct Repository {
     recent_blobs: RecentBlobs,
     /// The key file that opened it and this client's state of it ([`crate::keys`]).
     access: Access,
+    /// A write-only key's memory of its own packs, trees and snapshots.
+    writer_cache: Option<WriterCache>,
 }
 
 /// All readable snapshots, oldest first, and the ones that could not be read.
@@ -84,6 +87,16 @@ pub struct SnapshotList {
     pub snapshots: Vec<(SnapshotId, Snapshot)>,
     /// Snapshot files that cannot be read, and why.
     pub damaged: Vec<(SnapshotId, Error)>,
+}
+
+/// How many of its own snapshots a write-only key remembers.
+const WRITER_SNAPSHOTS_KEPT: usize = 100;
+
+/// What a write-only key was asked to do and cannot.
+fn write_only(what: &str) -> Error {
+    Error::WriteOnlyKey {
+        action: what.to_string(),
+    }
 }
 
 impl Repository {
@@ -148,6 +161,7 @@ impl Repository {
             windows: storage_is_remote.then(PackWindows::default),
             recent_blobs: RecentBlobs::default(),
             pack_ends: std::sync::OnceLock::new(),
+            writer_cache: None,
             access,
         }
     }
@@ -181,6 +195,10 @@ impl Repository {
     /// Returns the trash generation whose condemnations the index now honours: `None`
     /// when a trash file could not be read (its condemnations are unknown).
     pub fn load_index(&mut self) -> Result<Option<u64>> {
+        if self.key.is_write_only() {
+            self.load_writer_index()?;
+            return Ok(None);
+        }
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -210,6 +228,61 @@ impl Repository {
             self.index_problems = problems;
             return Ok(observed);
         }
+    }
+
+    /// A write-only key reads no index file (it cannot open them): its index is the packs
+    /// its own earlier backups stored, as its client remembers them, less those no longer
+    /// stored (forgotten, as prune may have re-sealed and deleted them).
+    fn load_writer_index(&mut self) -> Result<()> {
+        let state = self.writer_state();
+        let stored: std::collections::HashSet<PackId> = self.list_packs()?.into_iter().collect();
+        let mut index = IndexBuilder::default();
+        for p in state.packs.iter().filter(|p| stored.contains(&p.id)) {
+            index.add_pack(p.id, &p.entries);
+        }
+        self.install_index(index.finish());
+        self.index_problems.clear();
+        Ok(())
+    }
+
+    /// What this client remembers as a write-only key (empty without a cache).
+    fn writer_state(&self) -> WriterState {
+        self.writer_cache
+            .as_ref()
+            .map(|c| c.load(&self.key))
+            .unwrap_or_default()
+    }
+
+    /// Gives a write-only key its memory of this repository ([`WriterCache`]); without
+    /// one, each of its backups reads and uploads everything.
+    pub fn set_writer_cache(&mut self, cache: WriterCache) {
+        self.writer_cache = Some(cache);
+    }
+
+    pub fn writer_cache(&self) -> Option<&WriterCache> {
+        self.writer_cache.as_ref()
+    }
+
+    /// After a write-only key's snapshot: remembers every pack its index now names (its
+    /// own, earlier and new) and the snapshot, for the next backup to build on.
+    pub fn remember_as_writer(&self, id: SnapshotId, snapshot: &Snapshot) -> std::io::Result<()> {
+        let Some(cache) = &self.writer_cache else {
+            return Ok(());
+        };
+        let mut state = cache.load(&self.key);
+        let groups = self.index.by_pack();
+        state.packs = groups
+            .packs()
+            .map(|p| IndexedPack {
+                id: *p,
+                entries: groups.blobs(p),
+            })
+            .collect();
+        state.snapshots.push((id, snapshot.to_json()));
+        // The parent of the next backup is among the last ones; older ones go.
+        let keep = state.snapshots.len().saturating_sub(WRITER_SNAPSHOTS_KEPT);
+        state.snapshots.drain(..keep);
+        cache.save(&self.key, &state)
     }
 
     /// Rebuilds the in-memory index from the trash and index files already read.
@@ -307,6 +380,12 @@ impl Repository {
     /// from it).
     pub fn mark_writer_packs(&mut self, packs: impl IntoIterator<Item = PackId>) {
         self.index.mark_writer(packs);
+    }
+
+    /// Counts writers' packs as the repository's own from now on, in memory and in the
+    /// index files written from it: prune read them and every blob verified.
+    pub fn trust_writer_packs(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        self.index.trust_writer(packs);
     }
 
     /// Adds the packs of an index file to the in-memory index, its writers' packs marked.
@@ -498,6 +577,13 @@ impl Repository {
 
     /// A tree blob's plaintext, from the cache when it holds a verified copy.
     fn read_tree_bytes(&self, id: &BlobId) -> Result<Vec<u8>> {
+        if self.key.is_write_only() {
+            return self
+                .writer_cache
+                .as_ref()
+                .and_then(|c| c.tree(&self.key, id))
+                .ok_or_else(|| write_only(&format!("read tree {id}")));
+        }
         let Some(cache) = &self.cache else {
             return self.read_blob(id);
         };
@@ -669,6 +755,15 @@ impl Repository {
     }
 
     pub fn load_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
+        if self.key.is_write_only() {
+            return self
+                .writer_state()
+                .snapshots()
+                .into_iter()
+                .find(|(s, _)| s == id)
+                .map(|(_, s)| s)
+                .ok_or_else(|| write_only(&format!("read snapshot {}", id.short())));
+        }
         let name = id.storage_name();
         let bytes = self.read_cacheable_file(&name)?;
         let json = crate::object::open(&self.key, Purpose::Snapshot, &bytes)
@@ -692,6 +787,11 @@ impl Repository {
             snapshots: Vec::new(),
             damaged: Vec::new(),
         };
+        if self.key.is_write_only() {
+            // Its own, as its client remembers them: it cannot open any other.
+            list.snapshots = self.writer_state().snapshots();
+            return Ok(list);
+        }
         for id in self.snapshot_ids()? {
             match self.load_snapshot(&id) {
                 Ok(s) => list.snapshots.push((id, s)),

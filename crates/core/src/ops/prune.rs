@@ -67,6 +67,9 @@ pub struct PruneReport {
     /// Packs condemned by this run (wholly unused, or repacked).
     pub packs_condemned: u64,
     pub packs_repacked: u64,
+    /// Writers' packs read and found to hold exactly what their ids say: from now on
+    /// full keys build on them too (format 3).
+    pub writer_packs_verified: u64,
     pub blobs_repacked: u64,
     pub bytes_repacked: u64,
     pub packs_deleted: u64,
@@ -208,6 +211,7 @@ pub fn prune(
     };
     let mut newly_condemned = Vec::new();
     let mut to_repack: Vec<(PackId, Vec<PackEntry>)> = Vec::new();
+    let mut vouched: Vec<PackId> = Vec::new();
     let mut live: Vec<&PackId> = packs.keys().filter(|p| !trash.is_condemned(p)).collect();
     live.sort();
     for pack in live {
@@ -219,17 +223,27 @@ pub fn prune(
         let total: u64 = entries.iter().map(|e| e.length as u64).sum();
         let unused: u64 = spare.iter().map(|e| e.length as u64).sum();
         report.bytes_unused += unused;
-        // A writer's pack is re-sealed under the repository key whatever its use, so
-        // full keys' backups deduplicate against its blobs from now on.
-        let by_writer = repo.index().is_writer_pack(pack);
+        // A writer's pack that holds needed blobs is read once: if every blob in it is
+        // what its id says, full keys may build on it from now on (the index written
+        // below names it as theirs) and its writer keeps deduplicating against it. One
+        // that does not verify has its good needed blobs re-sealed, and goes.
+        let mut writer_unverified = false;
+        if !need.is_empty() && repo.index().is_writer_pack(pack) {
+            match session.is_some() && vouch(repo, pack, entries)? {
+                true => vouched.push(*pack),
+                false => writer_unverified = true,
+            }
+        }
         if need.is_empty() {
             newly_condemned.push(*pack);
-        } else if by_writer
+        } else if writer_unverified
             || (!spare.is_empty() && unused as f64 > total as f64 * opts.max_unused_percent / 100.0)
         {
             to_repack.push((*pack, need.into_iter().copied().collect()));
         }
     }
+    report.writer_packs_verified = vouched.len() as u64;
+    repo.trust_writer_packs(vouched.iter().copied());
     for (pack, need) in &to_repack {
         report.packs_repacked += 1;
         report.blobs_repacked += need.len() as u64;
@@ -359,7 +373,7 @@ pub fn prune(
     // these decisions are stale.
     fresh(&session)?;
     let deleted: HashSet<PackId> = deletable.iter().copied().chain(gone).collect();
-    if !deleted.is_empty() {
+    if !deleted.is_empty() || !vouched.is_empty() {
         let keep: Vec<IndexedPack> = packs
             .iter()
             .filter(|(id, _)| !deleted.contains(id))
@@ -469,6 +483,19 @@ fn delete_quietly(repo: &Repository, name: &str) -> Result<()> {
         repo.storage().as_ref(),
         name,
     )?)
+}
+
+/// Whether every blob the index places in writer's pack `pack` opens and hashes to its
+/// id. A pack gone meanwhile is not vouched for.
+fn vouch(repo: &Repository, pack: &PackId, entries: &[PackEntry]) -> Result<bool> {
+    let bytes = match repo.storage().read(&pack.storage_name()) {
+        Ok(bytes) => bytes,
+        Err(cairn_storage::StorageError::NotFound { .. }) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(entries
+        .iter()
+        .all(|e| crate::pack::verify_blob(repo.key(), &bytes, e)))
 }
 
 /// Copies the needed blobs of mostly unused packs into new packs, and indexes those.
