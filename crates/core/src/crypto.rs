@@ -530,7 +530,7 @@ impl MasterKey {
 
     /// Splits a format 3 object into the subkeys that open it and the sealed bytes after
     /// its key reference. A write-only key opens only what it sealed itself.
-    fn subkeys_for<'a>(&self, sealed: &'a [u8]) -> Result<(SubkeysRef<'_>, usize), OpenError> {
+    fn subkeys_for(&self, sealed: &[u8]) -> Result<(SubkeysRef<'_>, usize), OpenError> {
         if self.secrets.format < WRITERS_FORMAT {
             return Ok((SubkeysRef::Own(&self.subkeys), 0));
         }
