@@ -545,17 +545,19 @@ const MAX_DRAIN: u64 = 256 << 20;
 /// Reads what is left of a refused upload's body. A server that answers before the body
 /// is read closes the connection while the client is still sending, and the client then
 /// sees a broken pipe instead of the reason (a quota, an object that exists already).
-/// Bodies that announce more than [`MAX_DRAIN`] are not read: the connection closes.
+/// Bodies that announce more than [`MAX_DRAIN`], or than the server accepts at all, are
+/// not read: the connection closes.
 async fn drain(state: &State, headers: &HeaderMap, body: &mut Body) {
     let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if announced.is_none_or(|len| len > MAX_DRAIN) {
+    let most = MAX_DRAIN.min(state.options.max_body);
+    if announced.is_none_or(|len| len > most) {
         return;
     }
     let mut read = 0u64;
-    while read <= MAX_DRAIN {
+    while read <= most {
         match tokio::time::timeout(state.options.idle_timeout, body.frame()).await {
             Ok(Some(Ok(frame))) => {
                 read += frame.data_ref().map_or(0, |d| d.len() as u64);
