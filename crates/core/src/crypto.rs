@@ -227,7 +227,7 @@ enum Role {
     Full {
         recovery: OnceLock<RecoveryKey>,
         /// The subkeys of each writer whose objects were opened, by envelope.
-        writers: Mutex<HashMap<Envelope, Arc<[[u8; 32]; 6]>>>,
+        writers: Mutex<HashMap<Envelope, Arc<Zeroizing<[[u8; 32]; 6]>>>>,
     },
     Writer {
         /// This process's data key, wrapped (once the repository id is known).
@@ -322,7 +322,7 @@ fn subkeys(data_key: &[u8; 32], cipher: Cipher) -> [[u8; 32]; 6] {
 /// The subkeys that open one object: the key's own, or a writer's.
 enum SubkeysRef<'a> {
     Own(&'a [[u8; 32]; 6]),
-    Writer(Arc<[[u8; 32]; 6]>),
+    Writer(Arc<Zeroizing<[[u8; 32]; 6]>>),
 }
 
 impl SubkeysRef<'_> {
@@ -492,7 +492,7 @@ impl MasterKey {
 
     /// Whether `sealed` was sealed by a writer (format 3), not by the repository key:
     /// what it says is a writer's word, and blobs in its packs are not deduplicated
-    /// against by full keys until prune re-seals them.
+    /// against by full keys until prune has verified them.
     pub fn sealed_by_writer(&self, sealed: &[u8]) -> bool {
         self.secrets.format >= WRITERS_FORMAT && sealed.first() == Some(&SEALED_BY_WRITER)
     }
@@ -561,7 +561,7 @@ impl MasterKey {
                         let data_key = recovery
                             .open(repository, &envelope)
                             .map_err(|_| OpenError)?;
-                        let keys = Arc::new(subkeys(&data_key, self.cipher));
+                        let keys = Arc::new(Zeroizing::new(subkeys(&data_key, self.cipher)));
                         cache.insert(envelope, Arc::clone(&keys));
                         Ok((SubkeysRef::Writer(keys), 1 + ENVELOPE_LEN))
                     }
