@@ -368,7 +368,17 @@ pub fn open_uncached(global: &GlobalArgs) -> Result<Repository> {
     Ok(repo)
 }
 
-/// A write-only key backs up and nothing else; every other command says so before it
+/// [`open_uncached`] for `check`, which a write-only key may run on what it can judge
+/// without reading (then the index is not read).
+pub fn open_for_check(global: &GlobalArgs) -> Result<Repository> {
+    let mut repo = open_repository(global)?;
+    if !repo.key().is_write_only() {
+        load_index(&mut repo)?;
+    }
+    Ok(repo)
+}
+
+/// A write-only key backs up (and checks files against their names) and nothing else; every other command says so before it
 /// starts, rather than failing on the first object it cannot open.
 fn refuse_write_only(repo: &Repository, action: &str) -> Result<()> {
     if repo.key().is_write_only() {

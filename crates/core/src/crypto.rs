@@ -227,7 +227,7 @@ enum Role {
     Full {
         recovery: OnceLock<RecoveryKey>,
         /// The subkeys of each writer whose objects were opened, by envelope.
-        writers: Mutex<HashMap<Envelope, Arc<Zeroizing<[[u8; 32]; 6]>>>>,
+        writers: Mutex<HashMap<Envelope, Arc<Subkeys>>>,
     },
     Writer {
         /// This process's data key, wrapped (once the repository id is known).
@@ -319,10 +319,13 @@ fn subkeys(data_key: &[u8; 32], cipher: Cipher) -> [[u8; 32]; 6] {
     })
 }
 
+/// A writer's subkeys, as a full key derives them from its envelope; zeroed when dropped.
+type Subkeys = Zeroizing<[[u8; 32]; 6]>;
+
 /// The subkeys that open one object: the key's own, or a writer's.
 enum SubkeysRef<'a> {
     Own(&'a [[u8; 32]; 6]),
-    Writer(Arc<Zeroizing<[[u8; 32]; 6]>>),
+    Writer(Arc<Subkeys>),
 }
 
 impl SubkeysRef<'_> {

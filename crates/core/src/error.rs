@@ -87,8 +87,9 @@ pub enum Error {
 
     /// A write-only key can back up, but not read what the repository holds.
     #[error(
-        "This is a write-only key: it can back up, but cannot {action} (nor list, restore, \
-         check data, forget or prune); use a full key of the repository for that"
+        "This is a write-only key: it can back up (and check files against their names), \
+         but cannot {action}, nor list, restore, forget or prune; use a full key of the \
+         repository for that"
     )]
     WriteOnlyKey { action: String },
 

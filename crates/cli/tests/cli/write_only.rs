@@ -75,7 +75,6 @@ fn a_write_only_key_backs_up_incrementally_and_can_do_nothing_else() {
         &["find", "notes.txt"],
         &["diff", "latest", "latest"],
         &["stats"],
-        &["check"],
         &["forget", "--keep-last", "1"],
         &["prune"],
         &["repair", "index"],
@@ -120,6 +119,32 @@ fn a_write_only_key_backs_up_incrementally_and_can_do_nothing_else() {
         .len(),
         2
     );
+
+    // It can check every file against its name, and finds a flipped byte.
+    let out = writer
+        .cmd()
+        .args(["check", "--read-data"])
+        .output()
+        .unwrap();
+    assert_success(&out, "check --read-data with a write-only key");
+    assert!(stdout(&out).contains("write-only key"), "{}", stdout(&out));
+    let snapshot_file = env.repo_files("snapshots").remove(0);
+    let original = fs::read(&snapshot_file).unwrap();
+    let mut damaged = original.clone();
+    damaged[40] ^= 1;
+    fs::write(&snapshot_file, &damaged).unwrap();
+    let out = writer.cmd().arg("check").output().unwrap();
+    assert_exit(
+        &out,
+        1,
+        "check of a damaged snapshot file with a write-only key",
+    );
+    assert!(
+        stdout(&out).contains("problem: snapshots/"),
+        "{}",
+        stdout(&out)
+    );
+    fs::write(&snapshot_file, &original).unwrap();
 
     // The owner's full key reads all of it.
     assert_check_clean(&env, &["--read-data"], "writer's packs");
