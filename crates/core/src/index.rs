@@ -28,9 +28,10 @@ const WRITERS_INDEX_VERSION: u32 = 2;
 pub struct IndexFile {
     pub version: u32,
     pub packs: Vec<IndexedPack>,
-    /// Packs among `packs` that a writer (a write-only key) sealed: its blobs are opened
-    /// with the writer's key, verified against their ids, never deduplicated against by
-    /// full keys, and re-sealed by prune. Every pack of a file a writer sealed is one.
+    /// Packs among `packs` that a writer (a write-only key) sealed and prune has not yet
+    /// verified: their blobs are opened with the writer's key and checked against their
+    /// ids, and full keys do not deduplicate against them. Every pack of a file a writer
+    /// sealed is one.
     pub writer_packs: HashSet<PackId>,
 }
 
