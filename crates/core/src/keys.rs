@@ -434,6 +434,21 @@ pub fn add(repo: &Repository, secret: &Secret, kdf: KdfParams, host: &str) -> Re
     write_key_file(repo.storage().as_ref(), repo.key(), secret, kdf, host)
 }
 
+/// Adds a write-only key file (format 3) that `secret` opens: it backs up into this
+/// repository but cannot read it. Made from a full key.
+pub fn add_write_only(
+    repo: &Repository,
+    secret: &Secret,
+    kdf: KdfParams,
+    host: &str,
+) -> Result<KeyId> {
+    let key = repo
+        .config()
+        .write_only_key(repo.key())
+        .map_err(Error::InvalidInput)?;
+    write_key_file(repo.storage().as_ref(), &key, secret, kdf, host)
+}
+
 /// The key file whose id is `spec` or starts with it.
 pub fn resolve(repo: &Repository, spec: &str) -> Result<KeyId> {
     let location = repo.storage().location();
@@ -463,6 +478,11 @@ pub fn resolve(repo: &Repository, spec: &str) -> Result<KeyId> {
 pub fn remove(repo: &Repository, id: KeyId) -> Result<()> {
     let storage = repo.storage().as_ref();
     let location = storage.location();
+    if repo.key().is_write_only() {
+        return Err(Error::WriteOnlyKey {
+            action: "remove key files".into(),
+        });
+    }
     if repo.access().key_file() == Some(id) {
         return Err(Error::KeyInUse { id: id.short() });
     }

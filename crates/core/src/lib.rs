@@ -29,6 +29,7 @@ pub mod trash;
 pub mod tree;
 pub mod window;
 pub mod writer;
+pub mod writer_cache;
 
 pub use error::{Error, Result};
 pub use repo::{InitOptions, Repository};

@@ -16,9 +16,14 @@ pub fn run(g: &GlobalArgs, command: KeyCommand) -> Result<u8> {
     match command {
         KeyCommand::List => list(g, &repo),
         KeyCommand::Add(a) => {
-            let secret = typed(&context::new_password(a.new_password_file.as_deref())?);
-            let id = keys::add(&repo, &secret, KdfParams::default(), &host(&a))?;
-            report(g, "Added key", &id.to_hex(), None)
+            let secret = typed(&context::new_password(a.new.new_password_file.as_deref())?);
+            if a.write_only {
+                let id = keys::add_write_only(&repo, &secret, KdfParams::default(), &host(&a.new))?;
+                report(g, "Added write-only key", &id.to_hex(), None)
+            } else {
+                let id = keys::add(&repo, &secret, KdfParams::default(), &host(&a.new))?;
+                report(g, "Added key", &id.to_hex(), None)
+            }
         }
         KeyCommand::Remove(a) => {
             let id = keys::resolve(&repo, &a.id)?;

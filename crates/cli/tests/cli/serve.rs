@@ -753,3 +753,67 @@ fn serve_on_a_unix_socket_answers_with_tokens_and_never_takes_over_a_live_socket
     assert!(stderr(&out).contains("not a socket"), "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(&plain).unwrap(), "keep me");
 }
+
+/// The setup the issue asks for: a machine holds a write-only key and an append token.
+/// Whoever takes it can add backups but cannot read, list the contents of, alter or
+/// remove anything; the owner, with a full key and a maintain token elsewhere, restores
+/// every snapshot exactly.
+#[test]
+fn serve_a_thief_with_a_write_only_key_and_an_append_token_cannot_read_or_remove() {
+    let (senv, dir) = server_dir();
+    let laptop = token(&senv, &dir, "laptop", "home", "append");
+    let owner_token = token(&senv, &dir, "owner", "home", "maintain");
+    let server = Server::start(&senv, &dir, &[]);
+    let owner = client(&server, "home", &owner_token);
+    owner.init(&SMALL_CHUNKS);
+    let pw = owner.path("laptop.pw");
+    std::fs::write(&pw, "laptop password").unwrap();
+    let out = owner
+        .cmd()
+        .args(["key", "add", "--write-only", "--new-password-file"])
+        .arg(&pw)
+        .output()
+        .unwrap();
+    assert_success(&out, "key add --write-only");
+
+    let mut thief = client(&server, "home", &laptop);
+    thief
+        .vars
+        .push(("CAIRN_PASSWORD".into(), "laptop password".into()));
+    let src = thief.path("src");
+    write_random_files(&src, 4, 200_000, 9);
+    let first = thief.backup_id(&[&src], &[]);
+    let first_copy = thief.path("first");
+    copy_tree(&src, &first_copy);
+    write_random_files(&src.join("more"), 2, 100_000, 10);
+    let second = thief.backup_id(&[&src], &[]);
+
+    let before = files_below(&dir.join("home"));
+    let target = thief.path("stolen");
+    for args in [
+        vec!["restore", "latest", "--target", target.to_str().unwrap()],
+        vec!["ls", "latest"],
+        vec!["snapshots"],
+        vec!["forget", "--keep-last", "1", "--prune"],
+    ] {
+        let out = thief.cmd().args(&args).output().unwrap();
+        assert_exit(&out, 1, &format!("the thief's {args:?}"));
+        assert!(stderr(&out).contains("write-only key"), "{}", stderr(&out));
+    }
+    let pack = name_in(&before, "data/");
+    let (status, _) = raw(
+        &server.addr(),
+        "DELETE",
+        &format!("/home/{pack}"),
+        Some(&laptop),
+        b"",
+        None,
+    );
+    assert_eq!(status, 403, "the append token deletes nothing");
+    assert_eq!(files_below(&dir.join("home")), before, "nothing changed");
+    assert!(!target.exists());
+
+    assert_check_clean(&owner, &["--read-data"], "the owner's check");
+    assert_snapshot_restores(&owner, &first, &src, &first_copy, Compare::CONTENTS);
+    assert_snapshot_restores(&owner, &second, &src, &src, Compare::CONTENTS);
+}
