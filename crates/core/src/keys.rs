@@ -388,6 +388,9 @@ pub struct KeyInfo {
     /// Why it cannot be used, if it cannot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// It says it writes but cannot read (its file's plaintext hint; see
+    /// [`crate::keyfile::KeyFile::kind`]).
+    pub write_only: bool,
 }
 
 /// Every key file of the repository, the current one first, then by creation time.
@@ -410,6 +413,7 @@ pub fn list(repo: &Repository) -> Result<Vec<KeyInfo>> {
                     created: Some(file.created),
                     kdf,
                     problem,
+                    write_only: file.kind.as_deref() == Some("write-only"),
                 }
             }
             Err(e) => KeyInfo {
@@ -419,6 +423,7 @@ pub fn list(repo: &Repository) -> Result<Vec<KeyInfo>> {
                 created: None,
                 kdf: String::new(),
                 problem: Some(e),
+                write_only: false,
             },
         };
         out.push(info);

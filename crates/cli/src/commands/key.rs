@@ -131,10 +131,13 @@ fn list(g: &GlobalArgs, repo: &Repository) -> Result<u8> {
     )?;
     for k in &keys {
         let created = k.created.map(output::local_time).unwrap_or_default();
-        let kdf = match &k.problem {
+        let mut kdf = match &k.problem {
             Some(p) => format!("{} (unusable: {p})", k.kdf),
             None => k.kdf.clone(),
         };
+        if k.write_only {
+            kdf.push_str(", write-only");
+        }
         writeln!(
             out,
             "{}{:<8}  {:<16}  {:<19}  {kdf}",

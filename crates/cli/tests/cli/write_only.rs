@@ -99,6 +99,15 @@ fn a_write_only_key_backs_up_incrementally_and_can_do_nothing_else() {
         .as_str()
         .unwrap()
         .to_string();
+    assert_eq!(
+        keys.as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["write_only"] == true)
+            .count(),
+        1,
+        "key list says which key is write-only: {keys}"
+    );
     let out = writer
         .cmd()
         .args(["key", "remove", &full_key])
