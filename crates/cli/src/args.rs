@@ -235,7 +235,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub dir: PathBuf,
     /// Listen on HOST:PORT (plain HTTP only on a loopback address; else give --tls-cert
-    /// and --tls-key)
+    /// and --tls-key), or on unix:PATH, a unix socket for a reverse proxy on this machine
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// The server's certificate chain (PEM)
@@ -376,8 +376,9 @@ pub enum KeyCommand {
     /// List the key files: id, the one in use (*), host, creation time, key derivation
     #[command(visible_alias = "ls")]
     List,
-    /// Add a password that opens the repository
-    Add(NewKeyArgs),
+    /// Add a password that opens the repository (with --write-only: a key that can back
+    /// up but cannot read, list, restore or delete anything)
+    Add(KeyAddArgs),
     /// Remove a key file (never the one in use, never the last)
     #[command(visible_alias = "rm")]
     Remove(KeyRemoveArgs),
@@ -394,6 +395,16 @@ pub struct NewKeyArgs {
     /// Host name recorded in the new key file (default: this host's)
     #[arg(long)]
     pub host: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyAddArgs {
+    #[command(flatten)]
+    pub new: NewKeyArgs,
+    /// A key that writes but cannot read: for a machine that backs up, so that whoever
+    /// takes it cannot read or remove the backups (format 3 repositories)
+    #[arg(long)]
+    pub write_only: bool,
 }
 
 #[derive(Debug, Args)]

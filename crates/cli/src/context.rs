@@ -313,7 +313,7 @@ fn storage_at(path: &Path) -> Result<Arc<dyn Storage>> {
 /// Keeps a remote repository's index, snapshots and trees in the local cache, unless
 /// `--no-cache`. A cache that cannot be created is a warning: the command still runs.
 fn attach_cache(repo: &mut Repository, global: &GlobalArgs) {
-    if global.no_cache || !repo.storage().is_remote() {
+    if global.no_cache {
         return;
     }
     let Some(base) = global
@@ -323,6 +323,21 @@ fn attach_cache(repo: &mut Repository, global: &GlobalArgs) {
     else {
         return;
     };
+    if repo.key().is_write_only() {
+        // What it stored before, local or remote: it cannot read the repository's index.
+        match cairn_core::writer_cache::WriterCache::open(&base, &repo.config().id) {
+            Ok(cache) => repo.set_writer_cache(cache),
+            Err(e) => eprintln!(
+                "warning: no local memory of earlier backups ({}: {e}); this write-only key \
+                 reads and uploads everything",
+                base.display()
+            ),
+        }
+        return;
+    }
+    if !repo.storage().is_remote() {
+        return;
+    }
     match Cache::open(&base, &repo.config().id) {
         Ok(cache) => repo.set_cache(cache),
         Err(e) => eprintln!(
@@ -332,9 +347,11 @@ fn attach_cache(repo: &mut Repository, global: &GlobalArgs) {
     }
 }
 
-/// Opens the repository named by the global options and reads its index.
+/// Opens the repository named by the global options and reads its index: for commands
+/// that read what it holds, which a write-only key cannot.
 pub fn open(global: &GlobalArgs) -> Result<Repository> {
     let mut repo = open_without_index(global)?;
+    refuse_write_only(&repo, "read its snapshots, trees or data")?;
     load_index(&mut repo)?;
     Ok(repo)
 }
@@ -343,8 +360,34 @@ pub fn open(global: &GlobalArgs) -> Result<Repository> {
 /// that must judge the repository itself (check, repair), not local copies of it.
 pub fn open_uncached(global: &GlobalArgs) -> Result<Repository> {
     let mut repo = open_repository(global)?;
+    refuse_write_only(
+        &repo,
+        "read the index, snapshots or trees that check and repair judge",
+    )?;
     load_index(&mut repo)?;
     Ok(repo)
+}
+
+/// [`open_uncached`] for `check`, which a write-only key may run on what it can judge
+/// without reading (then the index is not read).
+pub fn open_for_check(global: &GlobalArgs) -> Result<Repository> {
+    let mut repo = open_repository(global)?;
+    if !repo.key().is_write_only() {
+        load_index(&mut repo)?;
+    }
+    Ok(repo)
+}
+
+/// A write-only key backs up (and checks files against their names) and nothing else; every other command says so before it
+/// starts, rather than failing on the first object it cannot open.
+fn refuse_write_only(repo: &Repository, action: &str) -> Result<()> {
+    if repo.key().is_write_only() {
+        return Err(cairn_core::Error::WriteOnlyKey {
+            action: action.to_string(),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 fn load_index(repo: &mut Repository) -> Result<()> {

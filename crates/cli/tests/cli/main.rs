@@ -46,3 +46,4 @@ mod trust_crash;
 mod trust_damage;
 mod trust_full_disk;
 mod unsafe_trees;
+mod write_only;

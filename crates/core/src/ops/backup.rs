@@ -133,6 +133,11 @@ fn begin(repo: &mut Repository, host: &str) -> Result<(Session, u64)> {
 /// file: index them, so that this backup builds on them instead of uploading them
 /// again, then remove the ended sessions' files.
 fn adopt_after_ended_sessions(repo: &mut Repository, session: &Session) -> Result<u64> {
+    if repo.key().is_write_only() {
+        // It can neither judge others' sessions nor read their packs' headers; prune
+        // (with a full key) adopts what ended sessions left.
+        return Ok(0);
+    }
     let survey = session.survey(repo, &Host::this())?;
     let ended: Vec<_> = survey.ended().map(|(v, _)| v.clone()).collect();
     if ended.is_empty() {
@@ -196,6 +201,13 @@ pub fn backup(
         match commit(repo, &session, tree, stats, meta, opts, started)? {
             Committed::Done(report) => {
                 session.finish();
+                if let Err(e) = repo.remember_as_writer(report.snapshot_id, &report.snapshot) {
+                    let dir = repo.writer_cache().map(|c| c.dir().to_path_buf());
+                    monitor.problem(
+                        &dir.unwrap_or_default(),
+                        &format!("the next backup will read and upload everything again: {e}"),
+                    );
+                }
                 return Ok(BackupReport {
                     excludes_unmatched: excludes.unmatched(),
                     ..*report
