@@ -450,6 +450,10 @@ pub struct RepoAddArgs {
     /// Read the password from the first line of this file whenever the repository is used
     #[arg(long)]
     pub password_file: Option<PathBuf>,
+    /// For a rest: address, read the server's token from the first line of this file
+    /// (when CAIRN_REST_TOKEN is not set)
+    #[arg(long, value_name = "FILE")]
+    pub rest_token_file: Option<PathBuf>,
     /// Also make it the default repository
     #[arg(long)]
     pub default: bool,

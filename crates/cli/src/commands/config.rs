@@ -62,10 +62,12 @@ fn add(g: &GlobalArgs, config: &mut ConfigFile, a: RepoAddArgs) -> Result<()> {
         }
         (None, None) => None,
     };
+    let rest_token_file = a.rest_token_file.as_deref().map(absolute).transpose()?;
     let entry = RepoEntry {
         name: a.name,
         address: stored_address(&a.address)?,
         password,
+        rest_token_file,
     };
     config.add(entry.clone(), a.force)?;
     if a.default {
@@ -187,6 +189,7 @@ fn entry_json(e: &RepoEntry, config: &ConfigFile) -> serde_json::Value {
         "default": config.default_name() == Some(e.name.as_str()),
         "password_command": command,
         "password_file": file,
+        "rest_token_file": e.rest_token_file.as_ref().map(|f| f.display().to_string()),
     })
 }
 

@@ -817,3 +817,65 @@ fn serve_a_thief_with_a_write_only_key_and_an_append_token_cannot_read_or_remove
     assert_snapshot_restores(&owner, &first, &src, &first_copy, Compare::CONTENTS);
     assert_snapshot_restores(&owner, &second, &src, &src, Compare::CONTENTS);
 }
+
+/// A server's token can come from the config file's entry (`rest-token-file`), so a
+/// named repository needs nothing in the environment; `CAIRN_REST_TOKEN` still wins,
+/// with a note, and a token file that cannot be read is an error naming it.
+#[test]
+fn serve_a_token_can_come_from_the_config_files_repository_entry() {
+    let (senv, dir) = server_dir();
+    let tok = token(&senv, &dir, "box", "home", "append");
+    let server = Server::start(&senv, &dir, &[]);
+    let env = TestEnv::new();
+    let token_file = env.path("token");
+    std::fs::write(&token_file, format!("{tok}\n")).unwrap();
+    let address = format!("rest:{}/home", server.url);
+    let out = env
+        .bare_cmd()
+        .args([
+            "config",
+            "repo",
+            "add",
+            "box",
+            &address,
+            "--rest-token-file",
+        ])
+        .arg(&token_file)
+        .output()
+        .unwrap();
+    assert_success(&out, "config repo add --rest-token-file");
+    let named = |args: &[&str]| {
+        env.bare_cmd()
+            .args(["-r", "@box"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert_success(&named(&["init"]), "init through the entry's token");
+    let src = env.path("src");
+    write_random_files(&src, 2, 50_000, 11);
+    assert_success(
+        &named(&["backup", src.to_str().unwrap()]),
+        "backup through the entry's token",
+    );
+    let out = env
+        .bare_cmd()
+        .env("CAIRN_REST_TOKEN", &tok)
+        .args(["-r", "@box", "snapshots"])
+        .output()
+        .unwrap();
+    assert_success(&out, "snapshots with both");
+    assert!(
+        stderr(&out).contains("using CAIRN_REST_TOKEN"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_file(&token_file).unwrap();
+    let out = named(&["snapshots"]);
+    assert_exit(&out, 1, "a token file that is gone");
+    assert!(
+        stderr(&out).contains(token_file.to_str().unwrap()),
+        "{}",
+        stderr(&out)
+    );
+}
