@@ -8,6 +8,11 @@
 //! [repos.nas]
 //! address = "sftp://backup@nas/srv/cairn"
 //! password-command = "pass show cairn"   # or password-file = "/path"
+//!
+//! [repos.box]
+//! address = "rest:https://backup.example:8443/laptop"
+//! password-file = "box.pw"                # relative to this file's directory
+//! rest-token-file = "box.token"           # the server's token, unless CAIRN_REST_TOKEN
 //! ```
 //!
 //! The file is edited through `toml_edit`, so that the comments and layout a person wrote
