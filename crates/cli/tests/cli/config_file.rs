@@ -274,6 +274,7 @@ fn config_repo_list_json_gives_every_field() {
             "default": false,
             "password_command": null,
             "password_file": null,
+            "rest_token_file": null,
         })]
     );
 }
