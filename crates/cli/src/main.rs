@@ -6,6 +6,7 @@ mod commands;
 mod config;
 mod context;
 mod mount;
+mod nice;
 mod output;
 mod progress;
 mod signals;
