@@ -100,26 +100,21 @@ pub fn rewrite(g: &GlobalArgs, a: RewriteArgs) -> Result<u8> {
     if g.quiet {
         return Ok(0);
     }
-    for (old, paths) in &report.removed_paths {
-        let new = report
-            .rewritten
-            .iter()
-            .find(|r| r.old == *old)
-            .and_then(|r| r.new);
-        match new {
+    for r in &report.rewritten {
+        match r.new {
             Some(new) => println!(
                 "snapshot {} rewritten as {}{}:",
-                old.short(),
+                r.old.short(),
                 new.short(),
-                if a.forget {
+                if r.removed {
                     ", the original removed"
                 } else {
                     ""
                 }
             ),
-            None => println!("snapshot {} would be rewritten without:", old.short()),
+            None => println!("snapshot {} would be rewritten without:", r.old.short()),
         }
-        for p in paths {
+        for p in &r.removed_paths {
             println!("  - {}", output::name(p.as_bytes()));
         }
     }

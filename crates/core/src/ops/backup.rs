@@ -48,7 +48,8 @@ pub struct BackupOptions {
     pub read_threads: usize,
     /// Walk, read, compress and pack as a backup does, but write nothing to the
     /// repository: no session, pack, index or snapshot. The report (and the monitor's
-    /// `file_change` and `excluded`) say what a backup would do and add.
+    /// `file_change` and `excluded`) say what a backup would do and add. `commands` still
+    /// run: their output is what would be stored.
     pub dry_run: bool,
     /// The snapshot's time; `None`: when it is written.
     pub time: Option<jiff::Timestamp>,

@@ -64,6 +64,9 @@ pub struct Replaced {
     pub new: Option<SnapshotId>,
     /// Whether the old snapshot was removed.
     pub removed: bool,
+    /// `rewrite`: the paths left out (a directory once, not its contents).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub removed_paths: Vec<String>,
 }
 
 /// Changes the tags of `selected`; snapshots whose tags would not change are left alone
@@ -93,6 +96,7 @@ pub fn tag(
             old: *id,
             new: new_id,
             removed: !dry_run,
+            removed_paths: Vec::new(),
         });
     }
     Ok(done)
@@ -113,13 +117,12 @@ pub struct RewriteOptions {
 #[derive(Debug, Default, Serialize)]
 pub struct RewriteReport {
     pub rewritten: Vec<Replaced>,
-    /// The paths left out, per original snapshot (a directory once, not its contents).
-    pub removed_paths: Vec<(SnapshotId, Vec<String>)>,
     /// Selected snapshots in which no pattern matched.
     pub unchanged: Vec<SnapshotId>,
 }
 
 /// Writes a version of each of `selected` without the paths `opts.excludes` match.
+/// Without `forget`, each original stays beside its new version.
 pub fn rewrite(
     repo: &mut Repository,
     selected: &[(SnapshotId, Snapshot)],
@@ -151,7 +154,8 @@ pub fn rewrite(
         }
     };
     let mut report = RewriteReport::default();
-    let mut changed: Vec<(SnapshotId, Snapshot)> = Vec::new();
+    // (original, new version, paths left out)
+    let mut changed: Vec<(SnapshotId, Snapshot, Vec<String>)> = Vec::new();
     let written = {
         let writer = session.as_ref().map(|_| repo.blob_writer());
         let mut pruner = Pruner {
@@ -174,9 +178,6 @@ pub fn rewrite(
                     report.unchanged.push(*id);
                     continue;
                 };
-                report
-                    .removed_paths
-                    .push((*id, std::mem::take(&mut pruner.removed)));
                 let summary = SnapshotSummary {
                     bytes_added: old.summary.bytes_added,
                     ..pruner.summary.clone()
@@ -189,6 +190,7 @@ pub fn rewrite(
                         original: Some(old.original.unwrap_or(*id)),
                         ..old.clone()
                     },
+                    std::mem::take(&mut pruner.removed),
                 ));
             }
             Ok(())
@@ -203,11 +205,12 @@ pub fn rewrite(
     };
     let (Some(session), Some(mut written)) = (session, written) else {
         report.rewritten = changed
-            .iter()
-            .map(|(old, _)| Replaced {
-                old: *old,
+            .into_iter()
+            .map(|(old, _, removed_paths)| Replaced {
+                old,
                 new: None,
                 removed: false,
+                removed_paths,
             })
             .collect();
         return Ok(report);
@@ -223,18 +226,19 @@ pub fn rewrite(
             pack.storage_name()
         )));
     }
-    for (old, new) in &changed {
+    for (old, new, removed_paths) in changed {
         let id = replace(
             repo,
-            *old,
-            new,
+            old,
+            &new,
             Some((&session, &relied, checked_at)),
             opts.forget,
         )?;
         report.rewritten.push(Replaced {
-            old: *old,
+            old,
             new: Some(id),
             removed: opts.forget,
+            removed_paths,
         });
     }
     session.finish();
