@@ -19,7 +19,11 @@ use crate::{context, EXIT_PARTIAL};
 
 pub fn run(g: &GlobalArgs, a: BackupArgs) -> Result<u8> {
     let exclude = super::exclude_options(&a.exclude)?;
-    let mut repo = context::open_or_create_default(g)?;
+    // A dry run writes nothing, not even the default repository on first use.
+    let mut repo = match a.dry_run {
+        true => context::open_without_index(g)?,
+        false => context::open_or_create_default(g)?,
+    };
     // From here on, Ctrl-C stops cleanly instead of leaving files behind.
     crate::signals::install();
     let parent = match &a.parent {

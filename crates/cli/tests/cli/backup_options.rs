@@ -374,3 +374,21 @@ fn stdin_from_command_stores_the_output_and_a_failure_writes_no_snapshot() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_dry_run_does_not_create_the_default_repository() {
+    let env = TestEnv::new();
+    let src = small_tree(&env);
+    let out = unconfigured(&env)
+        .args(["backup", "--dry-run"])
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert_exit(&out, 1, "backup --dry-run without a repository");
+    assert!(
+        stderr(&out).contains("does not exist yet"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!default_repo(&env).exists(), "nothing was created");
+}

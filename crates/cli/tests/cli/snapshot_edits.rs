@@ -113,7 +113,11 @@ fn rewrite_removes_a_path_from_snapshots_and_prune_frees_its_data() {
     let out = run_ok(&env, &["rewrite", "--exclude", "id_rsa", "-n", "--json"]);
     let v = parse_json(out.as_bytes(), "rewrite --dry-run --json");
     assert_eq!(v["rewritten"][0]["old"], id.as_str(), "{v}");
-    assert_eq!(v["rewritten"][0]["removed_paths"][0], secret.as_str(), "{v}");
+    assert_eq!(
+        v["rewritten"][0]["removed_paths"][0],
+        secret.as_str(),
+        "{v}"
+    );
     assert!(v["rewritten"][0]["new"].is_null(), "{v}");
     assert_eq!(env.repo_files(""), before, "a dry run writes nothing");
 
