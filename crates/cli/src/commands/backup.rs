@@ -1,6 +1,4 @@
-use std::io::Write;
-
-use std::io::Read;
+use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -8,8 +6,7 @@ use std::sync::Mutex;
 use anyhow::{Context, Result};
 use cairn_core::monitor::{FileChange, Monitor};
 use cairn_core::ops::backup::{self, BackupOptions, BackupReport, CommandSource};
-use cairn_core::ops::exclude::ExcludeReason;
-use cairn_core::ops::exclude::Excludes;
+use cairn_core::ops::exclude::{ExcludeReason, Excludes};
 use serde_json::Value;
 
 use crate::args::{BackupArgs, GlobalArgs};
@@ -314,7 +311,7 @@ impl Listing {
                 }
             }
             None => {
-                let name = output::name(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()));
+                let name = output::name(path.as_os_str().as_bytes());
                 let line = format!("{action:<9} {name}{text}\n");
                 self.progress.suspend(|| {
                     // A closed stdout (`| head`) shows up when the summary is printed.

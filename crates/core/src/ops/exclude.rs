@@ -74,11 +74,6 @@ impl std::fmt::Display for ExcludeReason {
 }
 
 impl ExcludeOptions {
-    /// Whether a directory is left out by `exclude_if_present` or `exclude_caches`.
-    pub fn is_tagged_dir(&self, dir: &Path) -> bool {
-        self.tagged_dir(dir).is_some()
-    }
-
     /// Why a directory is left out by `exclude_if_present` or `exclude_caches`, if it is.
     pub fn tagged_dir(&self, dir: &Path) -> Option<ExcludeReason> {
         if let Some(name) = self
