@@ -310,21 +310,27 @@ fn time_sets_the_snapshots_time() {
     assert!(stderr(&out).contains("yesterday"), "{}", stderr(&out));
 }
 
+/// `cairn backup --stdin-from-command --stdin-filename NAME -- ARGV...`.
+fn from_command(env: &TestEnv, name: &str, argv: &[&str]) -> std::process::Output {
+    let mut cmd = env.cmd();
+    cmd.args([
+        "backup",
+        "--stdin-from-command",
+        "--stdin-filename",
+        name,
+        "--",
+    ]);
+    cmd.args(argv).output().unwrap()
+}
+
 #[test]
 fn stdin_from_command_stores_the_output_and_a_failure_writes_no_snapshot() {
     let env = TestEnv::with_repo();
-    let out = env
-        .cmd()
-        .args([
-            "backup",
-            "--stdin-from-command",
-            "--stdin-filename",
-            "db.sql",
-            "--",
-        ])
-        .args(["sh", "-c", "echo CREATE TABLE t; echo INSERT 1"])
-        .output()
-        .unwrap();
+    let out = from_command(
+        &env,
+        "db.sql",
+        &["sh", "-c", "echo CREATE TABLE t; echo INSERT 1"],
+    );
     assert_success(&out, "backup --stdin-from-command");
     assert_eq!(snapshot_paths(&env), ["/db.sql"]);
     let cat = env
@@ -335,18 +341,7 @@ fn stdin_from_command_stores_the_output_and_a_failure_writes_no_snapshot() {
     assert_success(&cat, "cat /db.sql");
     assert_eq!(cat.stdout, b"CREATE TABLE t\nINSERT 1\n");
 
-    let out = env
-        .cmd()
-        .args([
-            "backup",
-            "--stdin-from-command",
-            "--stdin-filename",
-            "db.sql",
-            "--",
-        ])
-        .args(["sh", "-c", "echo half a dump; exit 3"])
-        .output()
-        .unwrap();
+    let out = from_command(&env, "db.sql", &["sh", "-c", "echo half a dump; exit 3"]);
     assert_exit(&out, 1, "a failing command");
     let err = stderr(&out);
     assert!(
@@ -355,18 +350,7 @@ fn stdin_from_command_stores_the_output_and_a_failure_writes_no_snapshot() {
     );
     assert_eq!(env.snapshots().len(), 1, "no second snapshot");
 
-    let out = env
-        .cmd()
-        .args([
-            "backup",
-            "--stdin-from-command",
-            "--stdin-filename",
-            "x",
-            "--",
-        ])
-        .arg("/nonexistent/program")
-        .output()
-        .unwrap();
+    let out = from_command(&env, "x", &["/nonexistent/program"]);
     assert_exit(&out, 1, "a command that cannot start");
     assert!(
         stderr(&out).contains("could not be started"),
