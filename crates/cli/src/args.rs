@@ -679,8 +679,8 @@ pub struct BackupArgs {
     #[arg(required_unless_present_any = ["stdin", "files_from", "files_from_verbatim", "files_from_raw"])]
     pub paths: Vec<PathBuf>,
     /// Also back up the paths listed in FILE, one a line; blank lines and lines starting
-    /// with '#' are skipped, spaces around a path trimmed (repeatable). A listed path that
-    /// does not exist is an error
+    /// with '#' are skipped, spaces around a path trimmed (repeatable; `-` reads standard
+    /// input). A listed path that does not exist is an error
     #[arg(long, value_name = "FILE")]
     pub files_from: Vec<PathBuf>,
     /// As --files-from, but each line is a path exactly as written ('#' and spaces
