@@ -4,7 +4,7 @@
 # OpenSSH server (SFTP), each with its own data, keys and config under DIR; nothing of the
 # system's configuration is touched.
 #
-#   scripts/services.sh install          # garage (cargo install, ~25 min once), openssh-server, fuse3, faketime
+#   scripts/services.sh install          # garage (cargo install, ~25 min once), openssh-server, fuse3, faketime, systemd-analyze
 #   scripts/services.sh start DIR        # writes DIR/env to source: addresses and credentials
 #   scripts/services.sh stop DIR
 #
@@ -59,6 +59,13 @@ install() {
     echo "== installing faketime"
     local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get install -y faketime >/dev/null || { $sudo apt-get update >/dev/null && $sudo apt-get install -y faketime >/dev/null; }
+  fi
+  # The test of `cairn schedule install` checks its units with systemd-analyze verify
+  # (Debian's systemd package; nothing is started).
+  if ! command -v systemd-analyze >/dev/null; then
+    echo "== installing systemd (for systemd-analyze)"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get install -y systemd >/dev/null || { $sudo apt-get update >/dev/null && $sudo apt-get install -y systemd >/dev/null; }
   fi
 }
 

@@ -170,6 +170,64 @@ pub enum Command {
     Serve(ServeArgs),
     /// Write shell completions or man pages
     Generate(GenerateArgs),
+    /// Run jobs of the config file now: backup, forget, and prune and check when due
+    Run(RunArgs),
+    /// Run the config file's jobs on their schedules, until stopped
+    Daemon(DaemonArgs),
+    /// Run the jobs from systemd timers instead of `cairn daemon`
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScheduleCommand {
+    /// Write and enable a service and a timer for each job with a schedule
+    Install(ScheduleArgs),
+    /// Disable and remove the units `install` wrote
+    Remove(ScheduleArgs),
+    /// List the units `install` wrote, and their timers' next runs
+    Status(ScheduleArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleArgs {
+    /// User units, run as you while you are logged in (or lingering) [default]
+    #[arg(long, conflicts_with = "system")]
+    pub user: bool,
+    /// System units in /etc/systemd/system (run as root)
+    #[arg(long)]
+    pub system: bool,
+    /// Write the units into DIR and do nothing else (no systemctl)
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// `cairn run [JOB...]`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The jobs to run (default: all of them), as named by [jobs.NAME]
+    pub jobs: Vec<String>,
+    /// Then write every job's metrics to FILE in the Prometheus text format, for
+    /// node_exporter's textfile collector (e.g. /var/lib/node_exporter/cairn.prom)
+    #[arg(long, value_name = "FILE")]
+    pub metrics_file: Option<PathBuf>,
+}
+
+/// `cairn daemon`.
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// How to log: `text` lines, or `json`, one object per event (on standard output)
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// Serve the jobs' status (GET /status, JSON) and metrics (GET /metrics, Prometheus)
+    /// on this loopback address, e.g. 127.0.0.1:9898
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The token the status endpoint asks for (`Authorization: Bearer TOKEN`): the first
+    /// line of FILE, made (random, 0600) if FILE does not exist [default:
+    /// $XDG_STATE_HOME/cairn/daemon.token]
+    #[arg(long, value_name = "FILE", requires = "listen")]
+    pub token_file: Option<PathBuf>,
 }
 
 /// `cairn generate --completions SHELL` or `--man DIR`.
@@ -193,7 +251,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DIR")]
     pub dir: PathBuf,
     /// Listen on HOST:PORT (plain HTTP only on a loopback address; else give --tls-cert
-    /// and --tls-key)
+    /// and --tls-key), or on unix:PATH, a unix socket for a reverse proxy on this machine
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// The server's certificate chain (PEM)
@@ -334,8 +392,9 @@ pub enum KeyCommand {
     /// List the key files: id, the one in use (*), host, creation time, key derivation
     #[command(visible_alias = "ls")]
     List,
-    /// Add a password that opens the repository
-    Add(NewKeyArgs),
+    /// Add a password that opens the repository (with --write-only: a key that can back
+    /// up but cannot read, list, restore or delete anything)
+    Add(KeyAddArgs),
     /// Remove a key file (never the one in use, never the last)
     #[command(visible_alias = "rm")]
     Remove(KeyRemoveArgs),
@@ -355,6 +414,16 @@ pub struct NewKeyArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct KeyAddArgs {
+    #[command(flatten)]
+    pub new: NewKeyArgs,
+    /// A key that writes but cannot read: for a machine that backs up, so that whoever
+    /// takes it cannot read or remove the backups (format 3 repositories)
+    #[arg(long)]
+    pub write_only: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct KeyRemoveArgs {
     /// The key file's id, or a unique prefix of it (`cairn key list` shows them)
     pub id: String,
@@ -365,6 +434,8 @@ pub enum ConfigCommand {
     /// Named repositories, used as `-r @NAME` or as the default
     #[command(subcommand)]
     Repo(RepoCommand),
+    /// Check the config file: every error is given with its line and key
+    Check,
 }
 
 #[derive(Debug, Subcommand)]
@@ -395,6 +466,10 @@ pub struct RepoAddArgs {
     /// Read the password from the first line of this file whenever the repository is used
     #[arg(long)]
     pub password_file: Option<PathBuf>,
+    /// For a rest: address, read the server's token from the first line of this file
+    /// (when CAIRN_REST_TOKEN is not set)
+    #[arg(long, value_name = "FILE")]
+    pub rest_token_file: Option<PathBuf>,
     /// Also make it the default repository
     #[arg(long)]
     pub default: bool,

@@ -8,6 +8,11 @@
 //! [repos.nas]
 //! address = "sftp://backup@nas/srv/cairn"
 //! password-command = "pass show cairn"   # or password-file = "/path"
+//!
+//! [repos.box]
+//! address = "rest:https://backup.example:8443/laptop"
+//! password-file = "box.pw"                # relative to this file's directory
+//! rest-token-file = "box.token"           # the server's token, unless CAIRN_REST_TOKEN
 //! ```
 //!
 //! The file is edited through `toml_edit`, so that the comments and layout a person wrote
@@ -25,9 +30,11 @@ use toml_edit::{DocumentMut, Item, Table, TableLike, Value};
 
 const DEFAULT_KEY: &str = "default";
 const REPOS_KEY: &str = "repos";
+const JOBS_KEY: &str = "jobs";
 const ADDRESS_KEY: &str = "address";
 const PASSWORD_COMMAND_KEY: &str = "password-command";
 const PASSWORD_FILE_KEY: &str = "password-file";
+const REST_TOKEN_FILE_KEY: &str = "rest-token-file";
 
 /// Where a named repository's password comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +53,9 @@ pub struct RepoEntry {
     pub address: String,
     /// None: the password comes from the command line, the environment or a prompt.
     pub password: Option<PasswordSource>,
+    /// For a `rest:` address: a file whose first line is the server's token, used when
+    /// `CAIRN_REST_TOKEN` is not set.
+    pub rest_token_file: Option<PathBuf>,
 }
 
 /// The config file, as read, with the edits made since.
@@ -205,6 +215,13 @@ impl ConfigFile {
         set_string(table, ADDRESS_KEY, &entry.address);
         table.remove(PASSWORD_COMMAND_KEY);
         table.remove(PASSWORD_FILE_KEY);
+        table.remove(REST_TOKEN_FILE_KEY);
+        if let Some(file) = &entry.rest_token_file {
+            let file = file.to_str().with_context(|| {
+                format!("The token file name {} is not valid UTF-8", file.display())
+            })?;
+            set_string(table, REST_TOKEN_FILE_KEY, file);
+        }
         match &entry.password {
             Some(PasswordSource::Command(cmd)) => set_string(table, PASSWORD_COMMAND_KEY, cmd),
             Some(PasswordSource::File(file)) => {
@@ -336,8 +353,10 @@ fn read_doc(doc: &DocumentMut, path: &Path) -> Result<Parsed> {
                     repos.insert(name.to_string(), entry);
                 }
             }
+            // Read and checked by crate::jobs::config.
+            JOBS_KEY => {}
             other => bail!(
-                "Unknown setting {other:?}: the file holds `default = \"NAME\"` and [repos.NAME] tables"
+                "Unknown setting {other:?}: the file holds `default = \"NAME\"`, [repos.NAME] and [jobs.NAME] tables"
             ),
         }
     }
@@ -350,6 +369,7 @@ fn read_entry(name: &str, item: &Item, path: &Path) -> Result<RepoEntry> {
         .context("A repository entry must be a table")?;
     let mut address = None;
     let mut password = None;
+    let mut rest_token_file = None;
     for (key, value) in table.iter() {
         let text = || {
             value
@@ -361,11 +381,16 @@ fn read_entry(name: &str, item: &Item, path: &Path) -> Result<RepoEntry> {
                 address = Some(text()?.to_string());
                 continue;
             }
+            REST_TOKEN_FILE_KEY => {
+                rest_token_file = Some(password_file_path(text()?, path));
+                continue;
+            }
             PASSWORD_COMMAND_KEY => PasswordSource::Command(text()?.to_string()),
             PASSWORD_FILE_KEY => PasswordSource::File(password_file_path(text()?, path)),
             other => bail!(
-                "Unknown setting {other:?}: an entry holds `{ADDRESS_KEY}` and one of \
-                 `{PASSWORD_COMMAND_KEY}` or `{PASSWORD_FILE_KEY}`"
+                "Unknown setting {other:?}: an entry holds `{ADDRESS_KEY}`, one of \
+                 `{PASSWORD_COMMAND_KEY}` or `{PASSWORD_FILE_KEY}`, and for a rest: address \
+                 `{REST_TOKEN_FILE_KEY}`"
             ),
         };
         if password.is_some() {
@@ -379,6 +404,7 @@ fn read_entry(name: &str, item: &Item, path: &Path) -> Result<RepoEntry> {
         name: name.to_string(),
         address,
         password,
+        rest_token_file,
     })
 }
 
@@ -411,6 +437,7 @@ mod tests {
             name: "nas".into(),
             address: "sftp://backup@nas/srv/cairn".into(),
             password: Some(PasswordSource::Command("pass show cairn".into())),
+            rest_token_file: None,
         }
     }
 

@@ -30,6 +30,8 @@ pub struct Location {
     pub default_key: Option<PathBuf>,
     /// The password source of the config file's entry, used when none is given explicitly.
     pub password: Option<PasswordSource>,
+    /// The config file entry's token file for a `rest:` address.
+    pub rest_token_file: Option<PathBuf>,
 }
 
 impl Location {
@@ -38,12 +40,14 @@ impl Location {
             path: PathBuf::from(address),
             default_key: None,
             password: None,
+            rest_token_file: None,
         }
     }
 
     fn named(entry: &RepoEntry) -> Location {
         Location {
             password: entry.password.clone(),
+            rest_token_file: entry.rest_token_file.clone(),
             ..Location::at(&entry.address)
         }
     }
@@ -74,6 +78,7 @@ pub fn locate(global: &GlobalArgs) -> Result<Location> {
         path: data.join("cairn").join("default"),
         default_key: Some(config.join("cairn").join("default.key")),
         password: None,
+        rest_token_file: None,
     })
 }
 
@@ -133,7 +138,7 @@ pub fn open_other_without_index(
             )?,
         },
     };
-    Repository::open_without_index(storage_at(&loc.path)?, credentials(&password))
+    Repository::open_without_index(storage_at(&loc)?, credentials(&password))
         .with_context(|| format!("Cannot open the repository {spec}"))
 }
 
@@ -309,12 +314,31 @@ pub fn set_rate_limits(upload_kib: Option<u64>, download_kib: Option<u64>) {
 }
 
 /// The store at the repository's address: a local path, `s3:...`, `sftp:...` or
-/// `rest:...` (with the token from `CAIRN_REST_TOKEN`).
-fn storage_at(path: &Path) -> Result<Arc<dyn Storage>> {
-    let address = path
+/// `rest:...` (with the token from `CAIRN_REST_TOKEN`, else the entry's token file).
+fn storage_at(loc: &Location) -> Result<Arc<dyn Storage>> {
+    let address = loc
+        .path
         .to_str()
         .context("The repository address is not valid UTF-8")?;
     let mut options = cairn_core::storage::OpenOptions::from_env();
+    if let Some(file) = &loc.rest_token_file {
+        match &options.rest_token {
+            Some(_) => eprintln!(
+                "note: using CAIRN_REST_TOKEN, not the config file's token file {}",
+                file.display()
+            ),
+            None => {
+                let text = std::fs::read_to_string(file).with_context(|| {
+                    format!(
+                        "Cannot read the server token file {} that the config file names for \
+                         {address}",
+                        file.display()
+                    )
+                })?;
+                options.rest_token = Some(first_line(&text).trim().to_string());
+            }
+        }
+    }
     if let Some(ca) = CA_CERT.lock().ok().and_then(|ca| ca.clone()) {
         options.ca_cert = Some(ca);
     }
@@ -331,7 +355,7 @@ fn storage_at(path: &Path) -> Result<Arc<dyn Storage>> {
 /// Keeps a remote repository's index, snapshots and trees in the local cache, unless
 /// `--no-cache`. A cache that cannot be created is a warning: the command still runs.
 fn attach_cache(repo: &mut Repository, global: &GlobalArgs) {
-    if global.no_cache || !repo.storage().is_remote() {
+    if global.no_cache {
         return;
     }
     let Some(base) = global
@@ -341,6 +365,21 @@ fn attach_cache(repo: &mut Repository, global: &GlobalArgs) {
     else {
         return;
     };
+    if repo.key().is_write_only() {
+        // What it stored before, local or remote: it cannot read the repository's index.
+        match cairn_core::writer_cache::WriterCache::open(&base, &repo.config().id) {
+            Ok(cache) => repo.set_writer_cache(cache),
+            Err(e) => eprintln!(
+                "warning: no local memory of earlier backups ({}: {e}); this write-only key \
+                 reads and uploads everything",
+                base.display()
+            ),
+        }
+        return;
+    }
+    if !repo.storage().is_remote() {
+        return;
+    }
     match Cache::open(&base, &repo.config().id) {
         Ok(cache) => repo.set_cache(cache),
         Err(e) => eprintln!(
@@ -350,9 +389,11 @@ fn attach_cache(repo: &mut Repository, global: &GlobalArgs) {
     }
 }
 
-/// Opens the repository named by the global options and reads its index.
+/// Opens the repository named by the global options and reads its index: for commands
+/// that read what it holds, which a write-only key cannot.
 pub fn open(global: &GlobalArgs) -> Result<Repository> {
     let mut repo = open_without_index(global)?;
+    refuse_write_only(&repo, "read its snapshots, trees or data")?;
     load_index(&mut repo)?;
     Ok(repo)
 }
@@ -361,8 +402,34 @@ pub fn open(global: &GlobalArgs) -> Result<Repository> {
 /// that must judge the repository itself (check, repair), not local copies of it.
 pub fn open_uncached(global: &GlobalArgs) -> Result<Repository> {
     let mut repo = open_repository(global)?;
+    refuse_write_only(
+        &repo,
+        "read the index, snapshots or trees that check and repair judge",
+    )?;
     load_index(&mut repo)?;
     Ok(repo)
+}
+
+/// [`open_uncached`] for `check`, which a write-only key may run on what it can judge
+/// without reading (then the index is not read).
+pub fn open_for_check(global: &GlobalArgs) -> Result<Repository> {
+    let mut repo = open_repository(global)?;
+    if !repo.key().is_write_only() {
+        load_index(&mut repo)?;
+    }
+    Ok(repo)
+}
+
+/// A write-only key backs up (and checks files against their names) and nothing else; every other command says so before it
+/// starts, rather than failing on the first object it cannot open.
+fn refuse_write_only(repo: &Repository, action: &str) -> Result<()> {
+    if repo.key().is_write_only() {
+        return Err(cairn_core::Error::WriteOnlyKey {
+            action: action.to_string(),
+        }
+        .into());
+    }
+    Ok(())
 }
 
 fn load_index(repo: &mut Repository) -> Result<()> {
@@ -397,7 +464,7 @@ fn open_repository_keyed(global: &GlobalArgs) -> Result<(Repository, Option<Path
     let loc = locate(global)?;
     let mut by_default_key = None;
     let mut source = String::from("the password typed");
-    let storage = storage_at(&loc.path)?;
+    let storage = storage_at(&loc)?;
     let password = match (password_of(global, &loc)?, &loc.default_key) {
         (Some((pw, from)), _) => {
             source = from;
@@ -462,7 +529,7 @@ pub fn init(global: &GlobalArgs, opts: &InitOptions) -> Result<Repository> {
         secret,
         state: state_options(),
     };
-    let mut repo = Repository::init(storage_at(&loc.path)?, credentials, opts)?;
+    let mut repo = Repository::init(storage_at(&loc)?, credentials, opts)?;
     attach_cache(&mut repo, global);
     if let Some(key) = &loc.default_key {
         // Said every time, whatever the password source: a cron job that lost its
@@ -589,7 +656,7 @@ mod tests {
         let repo = dir.path().join("repo");
         let address = repo.to_str().unwrap();
         Repository::init(
-            storage_at(&repo).unwrap(),
+            storage_at(&Location::at(address)).unwrap(),
             b"second secret",
             &InitOptions::default(),
         )

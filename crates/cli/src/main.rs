@@ -5,6 +5,7 @@ mod args;
 mod commands;
 mod config;
 mod context;
+mod jobs;
 mod mount;
 mod nice;
 mod output;

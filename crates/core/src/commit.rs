@@ -59,6 +59,9 @@ pub fn check(
         // Live again for prunes from now on; what they did meanwhile is checked below.
         session.beat()?;
     }
+    if repo.key().is_write_only() {
+        return check_as_writer(repo, relied, lost);
+    }
     let observed = session.info().observed;
     // Read again even by a session that never went silent: a condemnation it should
     // have known of (a prune that wrote a trash file on a stale view, a trash file
@@ -92,6 +95,23 @@ pub fn check(
         None => lost && !trash.problems.is_empty(),
     };
     Ok(unsafe_packs(relied, exists, condemned))
+}
+
+/// [`check`] for a write-only key, which cannot read the trash: its session observed
+/// nothing (`observed: null`), so no prune deletes a pack while it is live, and a gone
+/// pack is all it must look for. A lost session cannot tell what prunes condemned
+/// meanwhile, so everything it relies on counts as unsafe and is stored again. It marks
+/// nothing missing: only full keys write trash files.
+fn check_as_writer(repo: &Repository, relied: &HashSet<PackId>, lost: bool) -> Result<Vec<PackId>> {
+    if lost {
+        return Ok(relied.iter().copied().collect());
+    }
+    let stored: HashSet<PackId> = repo.list_packs()?.into_iter().collect();
+    Ok(relied
+        .iter()
+        .filter(|p| !stored.contains(p))
+        .copied()
+        .collect())
 }
 
 /// Every pack a writer's result relies on: those it stored and those it reused.

@@ -11,7 +11,7 @@ use crate::compress::Compression;
 use crate::crypto::{Cipher, MasterKey};
 
 /// The newest repository format this binary reads and writes.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Config {
@@ -121,6 +121,12 @@ impl Config {
         self.mac = (self.version >= 2).then(|| hex::encode(key.config_mac(&self.settings())));
     }
 
+    /// A write-only key for this repository, made with its full `key`: it carries this
+    /// config's MAC to compare, since it cannot compute one.
+    pub fn write_only_key(&self, key: &MasterKey) -> Result<MasterKey, String> {
+        key.write_only(&self.settings())
+    }
+
     /// Checks that `key` belongs to a repository of this config's format and, from format
     /// 2, that the settings are the ones written at `init`. Run before any setting is used:
     /// changed chunker sizes, codec or pack size are refused, not followed.
@@ -140,13 +146,19 @@ impl Config {
                 )),
             };
         }
-        let expected = hex::encode(key.config_mac(&self.settings()));
-        match &self.mac {
-            Some(mac) if *mac == expected => Ok(()),
-            Some(_) => Err(ConfigError::NotAuthentic(
+        if key.vouches_for(&self.settings(), self.mac.as_deref()) {
+            return Ok(());
+        }
+        match (&self.mac, key.is_write_only()) {
+            (_, true) => Err(ConfigError::NotAuthentic(
+                "its settings are not the ones this write-only key was made for: they were \
+                 changed after `init`"
+                    .into(),
+            )),
+            (Some(_), false) => Err(ConfigError::NotAuthentic(
                 "its settings do not match their MAC: they were changed after `init`".into(),
             )),
-            None => Err(ConfigError::NotAuthentic("it has no MAC".into())),
+            (None, false) => Err(ConfigError::NotAuthentic("it has no MAC".into())),
         }
     }
 }
@@ -171,10 +183,10 @@ mod tests {
 
     #[test]
     fn a_newer_version_is_named_even_with_unknown_fields() {
-        let v = serde_json::json!({"version": 3, "something_new": true});
+        let v = serde_json::json!({"version": 4, "something_new": true});
         assert!(matches!(
             Config::parse(v.to_string().as_bytes()),
-            Err(ConfigError::UnsupportedVersion(3))
+            Err(ConfigError::UnsupportedVersion(4))
         ));
     }
 
@@ -184,13 +196,16 @@ mod tests {
     fn changed_settings_or_a_changed_version_are_refused() {
         let key = MasterKey::generate();
         let mut v = sample();
-        v["version"] = 2.into();
+        v["version"] = FORMAT_VERSION.into();
         v["cipher"] = "aegis-256".into();
         let mut config = Config::parse(v.to_string().as_bytes()).unwrap();
         config.sign(&key);
         let stored = serde_json::to_value(&config).unwrap();
         let reread = Config::parse(stored.to_string().as_bytes()).unwrap();
         reread.authenticate(&key).unwrap();
+        // A write-only key compares the MAC it was made with.
+        let writer = reread.write_only_key(&key).unwrap();
+        reread.authenticate(&writer).unwrap();
         let mut tampered = Vec::new();
         for (path, value) in [
             (&["chunker", "min_size"][..], serde_json::json!(65536)),
@@ -218,6 +233,13 @@ mod tests {
             let c = Config::parse(t.to_string().as_bytes()).unwrap();
             assert!(
                 matches!(c.authenticate(&key), Err(ConfigError::NotAuthentic(_))),
+                "{t}"
+            );
+            // The write-only key judges the settings, not the MAC it cannot check.
+            let settings_changed = t.get("mac") == stored.get("mac");
+            assert_eq!(
+                matches!(c.authenticate(&writer), Err(ConfigError::NotAuthentic(_))),
+                settings_changed,
                 "{t}"
             );
         }

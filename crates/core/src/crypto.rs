@@ -18,6 +18,10 @@ use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 use cairn_chunker::Gear;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::envelope::{Envelope, Recipient, RecoveryKey, ENVELOPE_LEN};
 use crate::id::BlobId;
 
 const NONCE_LEN: usize = 24;
@@ -173,7 +177,7 @@ struct Secrets {
     /// The repository format the key seals for; absent (1) in format 1 key files.
     #[serde(default = "format_1")]
     format: u32,
-    #[serde(with = "b64_array")]
+    #[serde(with = "b64_array", default, skip_serializing_if = "is_zero")]
     data_key: [u8; 32],
     #[serde(with = "b64_array")]
     id_key: [u8; 32],
@@ -183,10 +187,59 @@ struct Secrets {
     /// Format 2's: the whole gear table is derived from it.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_option")]
     chunker_key: Option<[u8; 32]>,
+    /// `"write-only"` for a key that writes but cannot read (format 3); absent for a
+    /// full key. A write-only key holds no data key (`data_key` is all zeros).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kind: Option<String>,
+    /// A write-only key's: the repository's recovery public key, which it wraps its
+    /// own keys to.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_option")]
+    recipient: Option<[u8; 32]>,
+    /// A write-only key's: the BLAKE3 hash of the config's settings (the bytes the MAC
+    /// covers) when a full key made it. It cannot compute the MAC, so it compares these.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_option")]
+    settings_hash: Option<[u8; 32]>,
 }
+
+const WRITE_ONLY: &str = "write-only";
 
 fn format_1() -> u32 {
     1
+}
+
+fn is_zero(key: &[u8; 32]) -> bool {
+    key.iter().all(|&b| b == 0)
+}
+
+/// In format 3, the first byte of every sealed object: who sealed it.
+const SEALED_BY_REPOSITORY: u8 = 0;
+/// ... or a writer, whose [`Envelope`] follows.
+const SEALED_BY_WRITER: u8 = 1;
+
+/// The first format whose sealed objects begin with who sealed them, and that has
+/// write-only keys.
+pub const WRITERS_FORMAT: u32 = 3;
+
+/// What a key is, beyond its secrets: a full key opens what writers sealed (with the
+/// recovery key it derives); a write-only key seals under a data key of its own, drawn at
+/// random by each process and wrapped to the repository's recipient.
+enum Role {
+    Full {
+        recovery: OnceLock<RecoveryKey>,
+        /// The subkeys of each writer whose objects were opened, by envelope.
+        writers: Mutex<HashMap<Envelope, Arc<Subkeys>>>,
+    },
+    Writer {
+        /// This process's data key, wrapped (once the repository id is known).
+        envelope: OnceLock<Envelope>,
+    },
+}
+
+/// State shared by the clones of one key.
+struct Keyring {
+    role: Role,
+    /// The repository's id, which binds envelopes to it ([`MasterKey::bind_repository`]).
+    repository: OnceLock<String>,
 }
 
 /// The repository's master key: its secrets and, for format 2, the subkeys derived from
@@ -200,6 +253,10 @@ pub struct MasterKey {
     cipher: Cipher,
     subkeys: [[u8; 32]; 6],
     config_mac_key: [u8; 32],
+    /// What this key seals with: the data key, or a write-only key's own random one.
+    sealing_key: [u8; 32],
+    #[zeroize(skip)]
+    keyring: Arc<Keyring>,
 }
 
 impl TryFrom<Secrets> for MasterKey {
@@ -207,14 +264,46 @@ impl TryFrom<Secrets> for MasterKey {
 
     fn try_from(secrets: Secrets) -> Result<Self, String> {
         match (secrets.format, secrets.chunker_seed, secrets.chunker_key) {
-            (1, Some(_), None) | (2, Some(_), None) | (2, None, Some(_)) => {}
-            (1 | 2, _, _) => return Err("the chunker secret is missing or doubled".into()),
+            (1, Some(_), None) | (2 | 3, Some(_), None) | (2 | 3, None, Some(_)) => {}
+            (1..=3, _, _) => return Err("the chunker secret is missing or doubled".into()),
             (n, _, _) => return Err(format!("the key is for repository format {n}, unknown")),
         }
+        let role = match secrets.kind.as_deref() {
+            None => Role::Full {
+                recovery: OnceLock::new(),
+                writers: Mutex::new(HashMap::new()),
+            },
+            Some(WRITE_ONLY) => {
+                if secrets.format < WRITERS_FORMAT
+                    || !is_zero(&secrets.data_key)
+                    || secrets.recipient.is_none()
+                    || secrets.settings_hash.is_none()
+                {
+                    return Err("the write-only key is incomplete".into());
+                }
+                Role::Writer {
+                    envelope: OnceLock::new(),
+                }
+            }
+            Some(other) => return Err(format!("unknown kind of key {other:?}")),
+        };
+        let sealing_key = match role {
+            Role::Full { .. } => secrets.data_key,
+            Role::Writer { .. } => {
+                let mut key = [0; 32];
+                rand::rngs::OsRng.fill_bytes(&mut key);
+                key
+            }
+        };
         Ok(MasterKey {
-            subkeys: subkeys(&secrets.data_key, Cipher::XChaCha20Poly1305),
+            subkeys: subkeys(&sealing_key, Cipher::XChaCha20Poly1305),
             config_mac_key: blake3::derive_key(CONFIG_MAC_CONTEXT, &secrets.data_key),
             cipher: Cipher::XChaCha20Poly1305,
+            sealing_key,
+            keyring: Arc::new(Keyring {
+                role,
+                repository: OnceLock::new(),
+            }),
             secrets,
         })
     }
@@ -230,6 +319,24 @@ fn subkeys(data_key: &[u8; 32], cipher: Cipher) -> [[u8; 32]; 6] {
     })
 }
 
+/// A writer's subkeys, as a full key derives them from its envelope; zeroed when dropped.
+type Subkeys = Zeroizing<[[u8; 32]; 6]>;
+
+/// The subkeys that open one object: the key's own, or a writer's.
+enum SubkeysRef<'a> {
+    Own(&'a [[u8; 32]; 6]),
+    Writer(Arc<Subkeys>),
+}
+
+impl SubkeysRef<'_> {
+    fn get(&self, purpose: Purpose) -> &[u8; 32] {
+        match self {
+            SubkeysRef::Own(keys) => &keys[purpose.subkey()],
+            SubkeysRef::Writer(keys) => &keys[purpose.subkey()],
+        }
+    }
+}
+
 impl From<MasterKey> for Secrets {
     fn from(key: MasterKey) -> Self {
         key.secrets.clone()
@@ -243,7 +350,7 @@ impl std::fmt::Debug for MasterKey {
 }
 
 /// The newest repository format a new key seals for.
-pub const KEY_FORMAT: u32 = 2;
+pub const KEY_FORMAT: u32 = 3;
 
 impl MasterKey {
     /// A new random key for a repository of the newest format.
@@ -251,12 +358,12 @@ impl MasterKey {
         Self::generate_for(KEY_FORMAT)
     }
 
-    /// A new random key for a repository of `format` (1 or 2): format 1 only to make old
-    /// repositories in tests.
+    /// A new random key for a repository of `format` (1 to 3): the older ones only to
+    /// make old repositories in tests.
     ///
     /// # Panics
     ///
-    /// On a format other than 1 or 2.
+    /// On a format other than 1 to 3.
     pub fn generate_for(format: u32) -> Self {
         let mut rng = rand::rngs::OsRng;
         let mut secrets = Secrets {
@@ -265,6 +372,9 @@ impl MasterKey {
             id_key: [0; 32],
             chunker_seed: None,
             chunker_key: None,
+            kind: None,
+            recipient: None,
+            settings_hash: None,
         };
         rng.fill_bytes(&mut secrets.data_key);
         rng.fill_bytes(&mut secrets.id_key);
@@ -275,7 +385,7 @@ impl MasterKey {
             rng.fill_bytes(&mut chunker_key);
             secrets.chunker_key = Some(chunker_key);
         }
-        Self::try_from(secrets).expect("formats 1 and 2 make valid keys")
+        Self::try_from(secrets).expect("formats 1 to 3 make valid keys")
     }
 
     /// A new key of the newest format that names blobs and cuts chunks exactly as
@@ -307,9 +417,161 @@ impl MasterKey {
         if self.secrets.format == 1 && cipher != Cipher::XChaCha20Poly1305 {
             return Err(format!("format 1 has no cipher {}", cipher.name()));
         }
-        self.subkeys = subkeys(&self.secrets.data_key, cipher);
+        self.subkeys = subkeys(&self.sealing_key, cipher);
         self.cipher = cipher;
+        if let Role::Full { writers, .. } = &self.keyring.role {
+            writers.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
         Ok(())
+    }
+
+    /// Binds the key to the repository `id` (the config's), which envelopes name: a
+    /// write-only key wraps its own key now, a full key opens only envelopes made for
+    /// this repository. Once per key; a second, different id is refused.
+    pub fn bind_repository(&self, id: &str) -> Result<(), String> {
+        let bound = self.keyring.repository.get_or_init(|| id.to_string());
+        if bound != id {
+            return Err(format!("the key is already bound to repository {bound}"));
+        }
+        if let (Role::Writer { envelope }, Some(recipient)) =
+            (&self.keyring.role, self.secrets.recipient)
+        {
+            envelope.get_or_init(|| Recipient(recipient).wrap(id, &self.sealing_key));
+        }
+        Ok(())
+    }
+
+    /// Whether this key writes without reading (format 3's `key add --write-only`).
+    pub fn is_write_only(&self) -> bool {
+        matches!(self.keyring.role, Role::Writer { .. })
+    }
+
+    /// A write-only key for this repository: the id and chunker keys, the recovery key's
+    /// public half and a hash of the config's `settings` (as
+    /// [`config_mac`](Self::config_mac) takes them), and no data key. Only a full key of
+    /// format 3 makes one.
+    pub fn write_only(&self, settings: &[u8]) -> Result<MasterKey, String> {
+        if self.is_write_only() {
+            return Err("a write-only key cannot make another key".into());
+        }
+        if self.secrets.format < WRITERS_FORMAT {
+            return Err(format!(
+                "write-only keys need repository format {WRITERS_FORMAT}; this repository is \
+                 format {}: copy it into a new repository (`cairn init` then `cairn copy`)",
+                self.secrets.format
+            ));
+        }
+        let secrets = Secrets {
+            format: self.secrets.format,
+            data_key: [0; 32],
+            id_key: self.secrets.id_key,
+            chunker_seed: self.secrets.chunker_seed,
+            chunker_key: self.secrets.chunker_key,
+            kind: Some(WRITE_ONLY.into()),
+            recipient: Some(self.recovery()?.recipient().0),
+            settings_hash: Some(*blake3::hash(settings).as_bytes()),
+        };
+        let mut key = MasterKey::try_from(secrets)?;
+        key.use_cipher(self.cipher)?;
+        Ok(key)
+    }
+
+    /// The recovery key pair, which only full keys derive.
+    fn recovery(&self) -> Result<&RecoveryKey, String> {
+        match &self.keyring.role {
+            Role::Full { recovery, .. } => {
+                Ok(recovery.get_or_init(|| RecoveryKey::from_data_key(&self.secrets.data_key)))
+            }
+            Role::Writer { .. } => Err("a write-only key has no recovery key".into()),
+        }
+    }
+
+    /// A MAC for what a write-only key keeps on its own client ([`crate::writer_cache`]):
+    /// keyed by the id key, which every key of the repository holds.
+    pub fn local_mac(&self, bytes: &[u8]) -> [u8; 32] {
+        let key = blake3::derive_key("cairn writer cache MAC", &self.secrets.id_key);
+        *blake3::keyed_hash(&key, bytes).as_bytes()
+    }
+
+    /// Whether `sealed` was sealed by a writer (format 3), not by the repository key:
+    /// what it says is a writer's word, and blobs in its packs are not deduplicated
+    /// against by full keys until prune has verified them.
+    pub fn sealed_by_writer(&self, sealed: &[u8]) -> bool {
+        self.secrets.format >= WRITERS_FORMAT && sealed.first() == Some(&SEALED_BY_WRITER)
+    }
+
+    /// The length of [`key_reference`](Self::key_reference).
+    fn key_reference_len(&self) -> usize {
+        match (self.secrets.format < WRITERS_FORMAT, &self.keyring.role) {
+            (true, _) => 0,
+            (false, Role::Full { .. }) => 1,
+            (false, Role::Writer { .. }) => 1 + ENVELOPE_LEN,
+        }
+    }
+
+    /// The bytes that say who sealed an object, put before it (format 3).
+    fn key_reference(&self) -> Option<([u8; 1 + ENVELOPE_LEN], usize)> {
+        if self.secrets.format < WRITERS_FORMAT {
+            return None;
+        }
+        let mut out = [0; 1 + ENVELOPE_LEN];
+        match &self.keyring.role {
+            Role::Full { .. } => {
+                out[0] = SEALED_BY_REPOSITORY;
+                Some((out, 1))
+            }
+            Role::Writer { envelope } => {
+                let envelope = envelope
+                    .get()
+                    .expect("a write-only key is bound to its repository before it seals");
+                out[0] = SEALED_BY_WRITER;
+                out[1..].copy_from_slice(&envelope.0);
+                Some((out, 1 + ENVELOPE_LEN))
+            }
+        }
+    }
+
+    /// Splits a format 3 object into the subkeys that open it and the sealed bytes after
+    /// its key reference. A write-only key opens only what it sealed itself.
+    fn subkeys_for(&self, sealed: &[u8]) -> Result<(SubkeysRef<'_>, usize), OpenError> {
+        if self.secrets.format < WRITERS_FORMAT {
+            return Ok((SubkeysRef::Own(&self.subkeys), 0));
+        }
+        match (sealed.first(), &self.keyring.role) {
+            (Some(&SEALED_BY_REPOSITORY), Role::Full { .. }) => {
+                Ok((SubkeysRef::Own(&self.subkeys), 1))
+            }
+            (Some(&SEALED_BY_WRITER), role) if sealed.len() > ENVELOPE_LEN => {
+                let envelope = Envelope(
+                    sealed[1..1 + ENVELOPE_LEN]
+                        .try_into()
+                        .expect("ENVELOPE_LEN bytes"),
+                );
+                match role {
+                    Role::Writer { envelope: own } => match own.get() {
+                        Some(own) if *own == envelope => {
+                            Ok((SubkeysRef::Own(&self.subkeys), 1 + ENVELOPE_LEN))
+                        }
+                        _ => Err(OpenError),
+                    },
+                    Role::Full { writers, .. } => {
+                        let mut cache = writers.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(keys) = cache.get(&envelope) {
+                            return Ok((SubkeysRef::Writer(Arc::clone(keys)), 1 + ENVELOPE_LEN));
+                        }
+                        let repository = self.keyring.repository.get().ok_or(OpenError)?;
+                        let recovery = self.recovery().map_err(|_| OpenError)?;
+                        let data_key = recovery
+                            .open(repository, &envelope)
+                            .map_err(|_| OpenError)?;
+                        let keys = Arc::new(Zeroizing::new(subkeys(&data_key, self.cipher)));
+                        cache.insert(envelope, Arc::clone(&keys));
+                        Ok((SubkeysRef::Writer(keys), 1 + ENVELOPE_LEN))
+                    }
+                }
+            }
+            _ => Err(OpenError),
+        }
     }
 
     /// The cipher this key seals with.
@@ -352,6 +614,18 @@ impl MasterKey {
         *blake3::keyed_hash(&self.config_mac_key, settings).as_bytes()
     }
 
+    /// Whether the config's `settings` and its `mac` are the ones of this key's
+    /// repository: a full key checks the MAC; a write-only key, which cannot, compares
+    /// the settings with the hash it was made with (so the MAC is not even needed).
+    pub fn vouches_for(&self, settings: &[u8], mac: Option<&str>) -> bool {
+        match &self.keyring.role {
+            Role::Full { .. } => mac == Some(hex::encode(self.config_mac(settings)).as_str()),
+            Role::Writer { .. } => {
+                self.secrets.settings_hash == Some(*blake3::hash(settings).as_bytes())
+            }
+        }
+    }
+
     /// Encrypts and authenticates `plaintext` as `purpose`: `nonce || ciphertext || tag`.
     /// Format 2 pads the plaintext first (see [`padme`]).
     pub fn seal(&self, purpose: Purpose, plaintext: &[u8]) -> Vec<u8> {
@@ -368,8 +642,12 @@ impl MasterKey {
     /// [`seal_parts`](Self::seal_parts) into `out` (emptied first), reusing its memory.
     pub fn seal_parts_into(&self, purpose: Purpose, parts: &[&[u8]], out: &mut Vec<u8>) {
         let format = self.secrets.format;
+        out.clear();
         if format == 1 {
             return seal_ad(&self.secrets.data_key, b"", parts, None, out);
+        }
+        if let Some((reference, len)) = self.key_reference() {
+            out.extend_from_slice(&reference[..len]);
         }
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let (ad, ad_len) = purpose.associated_data(format);
@@ -385,12 +663,14 @@ impl MasterKey {
     pub fn sealed_len(&self, len: usize) -> usize {
         match self.secrets.format {
             1 => len + SEAL_OVERHEAD,
-            _ => padme(len as u64 + 4) as usize + self.cipher.overhead(),
+            _ => self.key_reference_len() + padme(len as u64 + 4) as usize + self.cipher.overhead(),
         }
     }
 
     /// Opens what [`seal`](Self::seal) sealed as `purpose`; anything else fails.
     pub fn open(&self, purpose: Purpose, sealed: &[u8]) -> Result<Vec<u8>, OpenError> {
+        let (keys, skip) = self.subkeys_for(sealed)?;
+        let sealed = &sealed[skip..];
         let cipher = self.sealing_cipher();
         let (nonce_len, tag_len) = cipher.nonce_and_tag_len();
         if sealed.len() < nonce_len + tag_len {
@@ -399,6 +679,7 @@ impl MasterKey {
         // The ciphertext alone is copied, and decrypted in that copy.
         let mut plain = sealed[nonce_len..sealed.len() - tag_len].to_vec();
         let len = self.decrypt(
+            keys.get(purpose),
             purpose,
             &sealed[..nonce_len],
             &mut plain,
@@ -415,13 +696,15 @@ impl MasterKey {
         purpose: Purpose,
         sealed: &'a mut [u8],
     ) -> Result<&'a [u8], OpenError> {
+        let (keys, skip) = self.subkeys_for(sealed)?;
+        let sealed = &mut sealed[skip..];
         let (nonce_len, tag_len) = self.sealing_cipher().nonce_and_tag_len();
         if sealed.len() < nonce_len + tag_len {
             return Err(OpenError);
         }
         let (nonce, rest) = sealed.split_at_mut(nonce_len);
         let (ciphertext, tag) = rest.split_at_mut(rest.len() - tag_len);
-        let len = self.decrypt(purpose, nonce, ciphertext, tag)?;
+        let len = self.decrypt(keys.get(purpose), purpose, nonce, ciphertext, tag)?;
         Ok(&ciphertext[..len])
     }
 
@@ -437,6 +720,7 @@ impl MasterKey {
     /// (format 2 strips its padding).
     fn decrypt(
         &self,
+        key: &[u8; 32],
         purpose: Purpose,
         nonce: &[u8],
         ciphertext: &mut [u8],
@@ -448,7 +732,7 @@ impl MasterKey {
             return Ok(ciphertext.len());
         }
         let (ad, ad_len) = purpose.associated_data(format);
-        let (key, ad) = (&self.subkeys[purpose.subkey()], &ad[..ad_len]);
+        let ad = &ad[..ad_len];
         match self.cipher {
             Cipher::XChaCha20Poly1305 => decrypt_xchacha(key, ad, nonce, ciphertext, tag)?,
             Cipher::Aegis256 => {
@@ -519,18 +803,23 @@ fn seal_ad(key: &[u8; 32], ad: &[u8], parts: &[&[u8]], pad_to: Option<usize>, ou
     rand::rngs::OsRng.fill_bytes(&mut nonce);
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let padded = pad_to.unwrap_or(len);
-    out.clear();
+    // Appends to what `out` holds (a key reference, in format 3).
+    let start = out.len();
     out.reserve(padded + SEAL_OVERHEAD);
     out.extend_from_slice(&nonce);
     for p in parts {
         out.extend_from_slice(p);
     }
     if pad_to.is_some() {
-        out.resize(NONCE_LEN + padded - 4, 0);
+        out.resize(start + NONCE_LEN + padded - 4, 0);
         out.extend_from_slice(&(len as u32).to_le_bytes());
     }
     let tag = cipher
-        .encrypt_in_place_detached(XNonce::from_slice(&nonce), ad, &mut out[NONCE_LEN..])
+        .encrypt_in_place_detached(
+            XNonce::from_slice(&nonce),
+            ad,
+            &mut out[start + NONCE_LEN..],
+        )
         .expect("XChaCha20-Poly1305 encrypts any length a pack can hold");
     out.extend_from_slice(&tag);
 }
@@ -561,16 +850,16 @@ fn seal_aegis(key: &[u8; 32], ad: &[u8], parts: &[&[u8]], padded: usize, out: &m
     let mut nonce = [0u8; AEGIS_NONCE_LEN];
     rand::rngs::OsRng.fill_bytes(&mut nonce);
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    out.clear();
+    let start = out.len();
     out.reserve(AEGIS_NONCE_LEN + padded + AEGIS_TAG_LEN);
     out.extend_from_slice(&nonce);
     for p in parts {
         out.extend_from_slice(p);
     }
-    out.resize(AEGIS_NONCE_LEN + padded - 4, 0);
+    out.resize(start + AEGIS_NONCE_LEN + padded - 4, 0);
     out.extend_from_slice(&(len as u32).to_le_bytes());
     let tag = Aegis256::<AEGIS_TAG_LEN>::new(key, &nonce)
-        .encrypt_in_place(&mut out[AEGIS_NONCE_LEN..], ad);
+        .encrypt_in_place(&mut out[start + AEGIS_NONCE_LEN..], ad);
     out.extend_from_slice(&tag);
 }
 
@@ -619,13 +908,28 @@ mod tests {
         key
     }
 
-    /// A key of every kind that seals: format 1, and format 2 with each cipher.
-    fn every_kind_of_key() -> [MasterKey; 3] {
-        [
-            MasterKey::generate_for(1),
-            key_with(Cipher::XChaCha20Poly1305),
-            key_with(Cipher::Aegis256),
-        ]
+    /// A key of every kind that seals: format 1, format 2 and 3 with each cipher, and a
+    /// format 3 write-only key.
+    fn every_kind_of_key() -> Vec<MasterKey> {
+        let mut keys = vec![MasterKey::generate_for(1)];
+        for format in [2, 3] {
+            for cipher in [Cipher::XChaCha20Poly1305, Cipher::Aegis256] {
+                let mut key = MasterKey::generate_for(format);
+                key.use_cipher(cipher).unwrap();
+                keys.push(key);
+            }
+        }
+        keys.push(writer_of(&key_with(Cipher::Aegis256)).1);
+        keys
+    }
+
+    /// A full key bound to a repository, and a write-only key made from it.
+    fn writer_of(full: &MasterKey) -> (MasterKey, MasterKey) {
+        let full = full.clone();
+        full.bind_repository("repo").unwrap();
+        let writer = full.write_only(b"settings").unwrap();
+        writer.bind_repository("repo").unwrap();
+        (full, writer)
     }
 
     #[test]
@@ -639,8 +943,71 @@ mod tests {
         assert_eq!(MasterKey::generate_for(1).sealed_len(5), 5 + SEAL_OVERHEAD);
         assert_eq!(
             key_with(Cipher::Aegis256).sealed_len(5),
-            padme(9) as usize + 64
+            1 + padme(9) as usize + 64,
+            "format 3: who sealed it, then the sealed bytes"
         );
+        let mut two = MasterKey::generate_for(2);
+        two.use_cipher(Cipher::Aegis256).unwrap();
+        assert_eq!(two.sealed_len(5), padme(9) as usize + 64);
+    }
+
+    /// A write-only key seals what only full keys of its repository open; it opens what it
+    /// sealed itself and nothing else: not the repository key's objects, not another
+    /// writer's, not its own objects once the process (and its random key) is gone.
+    #[test]
+    fn a_write_only_key_seals_for_full_keys_and_reads_nothing_of_others() {
+        for cipher in [Cipher::XChaCha20Poly1305, Cipher::Aegis256] {
+            let (full, writer) = writer_of(&key_with(cipher));
+            assert!(writer.is_write_only() && !full.is_write_only());
+            let by_writer = writer.seal(SNAP, b"from the laptop");
+            assert!(
+                full.sealed_by_writer(&by_writer) && !full.sealed_by_writer(&full.seal(SNAP, b"x"))
+            );
+            assert_eq!(by_writer.len(), writer.sealed_len(15));
+            assert_eq!(full.open(SNAP, &by_writer).unwrap(), b"from the laptop");
+            assert_eq!(writer.open(SNAP, &by_writer).unwrap(), b"from the laptop");
+            let mut in_place = by_writer.clone();
+            assert_eq!(
+                full.open_in_place(SNAP, &mut in_place).unwrap(),
+                b"from the laptop"
+            );
+            assert!(
+                full.open(Purpose::Index, &by_writer).is_err(),
+                "as another kind"
+            );
+
+            assert!(writer.open(SNAP, &full.seal(SNAP, b"x")).is_err());
+            let (_, other_writer) = writer_of(&full);
+            assert!(other_writer.open(SNAP, &by_writer).is_err());
+            let material = serde_json::to_string(&writer).unwrap();
+            let reloaded: MasterKey = serde_json::from_str(&material).unwrap();
+            reloaded.bind_repository("repo").unwrap();
+            assert!(
+                reloaded.open(SNAP, &by_writer).is_err(),
+                "a new process's key"
+            );
+            assert!(!material.contains("data_key"), "no data key: {material}");
+
+            // A key of another repository, or the same key bound to another id, cannot
+            // open the writer's envelope.
+            let elsewhere = full.clone();
+            let rebound = MasterKey::try_from(Secrets::from(elsewhere)).unwrap();
+            rebound.bind_repository("another repo").unwrap();
+            assert!(rebound.open(SNAP, &by_writer).is_err());
+            assert!(key_with(cipher).open(SNAP, &by_writer).is_err());
+
+            // Ids and cut points agree, so what a writer stores deduplicates.
+            assert_eq!(writer.blob_id(b"chunk"), full.blob_id(b"chunk"));
+            assert_eq!(writer.chunker_gear(), full.chunker_gear());
+            assert!(writer.vouches_for(b"settings", None));
+            assert!(!writer.vouches_for(
+                b"settingz",
+                Some(&hex::encode(full.config_mac(b"settingz")))
+            ));
+            assert!(writer.write_only(b"settings").is_err());
+        }
+        let old = MasterKey::generate_for(2);
+        assert!(old.write_only(b"s").unwrap_err().contains("format 3"));
     }
 
     /// The cipher is the repository's: a key sealing with one cipher opens nothing sealed
@@ -737,7 +1104,7 @@ mod tests {
                 assert!(padded >= len as u64 + 4 && padded <= (len as u64 + 4) * 112 / 100 + 1);
                 let plain = vec![7u8; len];
                 let sealed = key.seal(SNAP, &plain);
-                assert_eq!(sealed.len(), padded as usize + key.cipher().overhead());
+                assert_eq!(sealed.len(), 1 + padded as usize + key.cipher().overhead());
                 assert_eq!(key.open(SNAP, &sealed).unwrap(), plain);
             }
         }
@@ -754,7 +1121,7 @@ mod tests {
         for format in [1, 2] {
             let a = MasterKey::generate_for(format);
             let b = MasterKey::sharing_ids_with(&a);
-            assert_eq!(b.format(), 2);
+            assert_eq!(b.format(), KEY_FORMAT);
             assert!(b.shares_ids_with(&a) && !MasterKey::generate().shares_ids_with(&a));
             assert_eq!(a.blob_id(b"chunk"), b.blob_id(b"chunk"));
             assert_eq!(a.chunker_gear(), b.chunker_gear());
@@ -817,14 +1184,17 @@ mod tests {
         let key = MasterKey::generate();
         let json = serde_json::to_string(&key).unwrap();
         let back: MasterKey = serde_json::from_str(&json).unwrap();
-        assert_eq!(back.format(), 2);
+        assert_eq!(back.format(), 3);
         assert_eq!(back.open(SNAP, &key.seal(SNAP, b"x")).unwrap(), b"x");
         let v1 = r#"{"data_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
                      "id_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","chunker_seed":5}"#;
         let old: MasterKey = serde_json::from_str(v1).unwrap();
         assert_eq!((old.format(), old.chunker_gear()), (1, Gear::from(5)));
         for bad in [
-            r#"{"format":3,"data_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","id_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","chunker_seed":5}"#,
+            r#"{"format":4,"data_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","id_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","chunker_seed":5}"#,
+            r#"{"format":3,"kind":"write-only","id_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","chunker_seed":5}"#,
+            r#"{"format":2,"kind":"write-only","id_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","chunker_seed":5,"recipient":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","settings_hash":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}"#,
+            r#"{"format":3,"kind":"read-only","data_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","id_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","chunker_seed":5}"#,
             r#"{"format":1,"data_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=","id_key":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}"#,
         ] {
             assert!(serde_json::from_str::<MasterKey>(bad).is_err(), "{bad}");

@@ -95,6 +95,14 @@ pub enum Error {
     #[error("Blob {id} is not in the repository's index (an index file is missing or damaged)")]
     BlobNotInIndex { id: BlobId },
 
+    /// A write-only key can back up, but not read what the repository holds.
+    #[error(
+        "This is a write-only key: it can back up (and check files against their names), \
+         but cannot {action}, nor list, restore, forget or prune; use a full key of the \
+         repository for that"
+    )]
+    WriteOnlyKey { action: String },
+
     #[error("Blob {id} in pack {} is damaged: {reason}", pack.storage_name())]
     BlobDamaged {
         id: BlobId,

@@ -14,17 +14,40 @@ use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::crypto::{MasterKey, Purpose};
+use crate::crypto::{MasterKey, Purpose, WRITERS_FORMAT};
 use crate::id::{BlobId, PackId};
 use crate::pack::{BlobKind, PackEntry};
 
+/// Index files of format 1 and 2 repositories.
 const INDEX_VERSION: u32 = 1;
+/// Format 3's: version 1 followed by the packs that writers sealed.
+const WRITERS_INDEX_VERSION: u32 = 2;
 
-/// The stored form of one index file.
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// One index file, as read or to be written.
+#[derive(Debug, Default)]
 pub struct IndexFile {
     pub version: u32,
     pub packs: Vec<IndexedPack>,
+    /// Packs among `packs` that a writer (a write-only key) sealed and prune has not yet
+    /// verified: their blobs are opened with the writer's key and checked against their
+    /// ids, and full keys do not deduplicate against them. Every pack of a file a writer
+    /// sealed is one.
+    pub writer_packs: HashSet<PackId>,
+}
+
+/// The stored form, version 1.
+#[derive(Serialize, Deserialize)]
+struct StoredV1 {
+    version: u32,
+    packs: Vec<IndexedPack>,
+}
+
+/// The stored form, version 2.
+#[derive(Serialize, Deserialize)]
+struct StoredV2 {
+    version: u32,
+    packs: Vec<IndexedPack>,
+    writer_packs: Vec<PackId>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -35,26 +58,63 @@ pub struct IndexedPack {
 
 impl IndexFile {
     /// The file's stored form. Takes the file, so that its entries are dropped once
-    /// serialized, before they are compressed and sealed.
+    /// serialized, before they are compressed and sealed. A writer's own files list no
+    /// writer packs: every pack in them is one.
     pub fn seal(self, key: &MasterKey) -> Vec<u8> {
-        let plain = postcard::to_stdvec(&self).expect("an index serializes");
-        drop(self);
+        let plain = if key.format() >= WRITERS_FORMAT {
+            let mut writer_packs: Vec<PackId> = if key.is_write_only() {
+                Vec::new()
+            } else {
+                self.writer_packs.into_iter().collect()
+            };
+            writer_packs.sort();
+            let stored = StoredV2 {
+                version: WRITERS_INDEX_VERSION,
+                packs: self.packs,
+                writer_packs,
+            };
+            postcard::to_stdvec(&stored).expect("an index serializes")
+        } else {
+            let stored = StoredV1 {
+                version: INDEX_VERSION,
+                packs: self.packs,
+            };
+            postcard::to_stdvec(&stored).expect("an index serializes")
+        };
         crate::object::seal(key, Purpose::Index, &plain)
     }
 
     pub fn open(key: &MasterKey, bytes: &[u8]) -> Result<Self, String> {
         let plain = crate::object::open(key, Purpose::Index, bytes)?;
-        let file: IndexFile = postcard::from_bytes(&plain).map_err(|e| e.to_string())?;
-        if file.version != INDEX_VERSION {
-            return Err(format!("unknown index version {}", file.version));
-        }
-        Ok(file)
+        let (version, _) = postcard::take_from_bytes::<u32>(&plain).map_err(|e| e.to_string())?;
+        let (packs, listed) = match version {
+            INDEX_VERSION => {
+                let stored: StoredV1 = postcard::from_bytes(&plain).map_err(|e| e.to_string())?;
+                (stored.packs, Vec::new())
+            }
+            WRITERS_INDEX_VERSION if key.format() >= WRITERS_FORMAT => {
+                let stored: StoredV2 = postcard::from_bytes(&plain).map_err(|e| e.to_string())?;
+                (stored.packs, stored.writer_packs)
+            }
+            v => return Err(format!("unknown index version {v}")),
+        };
+        let writer_packs = if key.sealed_by_writer(bytes) {
+            packs.iter().map(|p| p.id).collect()
+        } else {
+            listed.into_iter().collect()
+        };
+        Ok(IndexFile {
+            version,
+            packs,
+            writer_packs,
+        })
     }
 
     pub fn new(packs: Vec<IndexedPack>) -> Self {
         IndexFile {
             version: INDEX_VERSION,
             packs,
+            writer_packs: HashSet::new(),
         }
     }
 }
@@ -116,6 +176,8 @@ impl Entry {
 struct Packs {
     ids: Vec<PackId>,
     condemned: Vec<bool>,
+    /// Sealed by a writer: readable, but no backup of a full key builds on it.
+    writer: Vec<bool>,
     numbers: HashMap<PackId, u32>,
 }
 
@@ -132,6 +194,7 @@ impl Packs {
             .expect("fewer than 2^31 packs");
         self.ids.push(id);
         self.condemned.push(false);
+        self.writer.push(false);
         self.numbers.insert(id, n);
         n
     }
@@ -147,13 +210,27 @@ impl Packs {
             .is_some_and(|&n| self.condemned[n as usize])
     }
 
+    fn mark_writer(&mut self, id: PackId) {
+        let n = self.number(id);
+        self.writer[n as usize] = true;
+    }
+
+    fn is_writer(&self, id: &PackId) -> bool {
+        self.numbers
+            .get(id)
+            .is_some_and(|&n| self.writer[n as usize])
+    }
+
+    /// Whether a backup may build on the blob at `e`: not in a condemned pack, nor in a
+    /// writer's (a writer's word is not a full key's; prune re-seals what is needed).
     fn is_live(&self, e: &Entry) -> bool {
-        !self.condemned[e.pack_number() as usize]
+        let n = e.pack_number() as usize;
+        !self.condemned[n] && !self.writer[n]
     }
 
     /// How strongly a blob's location is `e`, highest first: a live pack over a condemned
-    /// one, then the pack learnt of last (as if each pack added overwrote the locations
-    /// that packs of its standing gave before).
+    /// or a writer's one, then the pack learnt of last (as if each pack added overwrote
+    /// the locations that packs of its standing gave before).
     fn rank(&self, e: &Entry) -> (bool, u32) {
         (self.is_live(e), e.pack_number())
     }
@@ -321,12 +398,11 @@ impl Index {
         let numbers: Vec<u32> = theirs
             .ids
             .iter()
-            .zip(&theirs.condemned)
-            .map(|(&id, &condemned)| {
+            .zip(theirs.condemned.iter().zip(&theirs.writer))
+            .map(|(&id, (&condemned, &writer))| {
                 let n = self.packs.number(id);
-                if condemned {
-                    self.packs.condemned[n as usize] = true;
-                }
+                self.packs.condemned[n as usize] |= condemned;
+                self.packs.writer[n as usize] |= writer;
                 n
             })
             .collect();
@@ -382,6 +458,37 @@ impl Index {
 
     pub fn is_condemned(&self, pack: &PackId) -> bool {
         self.packs.is_condemned(pack)
+    }
+
+    /// Marks packs as sealed by writers; call before adding them for the preference to
+    /// apply.
+    pub fn mark_writer(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        for p in packs {
+            self.packs.mark_writer(p);
+        }
+    }
+
+    /// Unmarks writers' packs whose every blob was verified. Locations already chosen
+    /// stay; a blob's location moves to such a pack only as packs are added again.
+    pub fn trust_writer(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        for p in packs {
+            if let Some(&n) = self.packs.numbers.get(&p) {
+                self.packs.writer[n as usize] = false;
+            }
+        }
+    }
+
+    /// Whether a writer sealed the pack (see [`IndexFile::writer_packs`]).
+    pub fn is_writer_pack(&self, pack: &PackId) -> bool {
+        self.packs.is_writer(pack)
+    }
+
+    /// Adds every pack of `file`, marking its writers' packs first.
+    pub fn add_file(&mut self, file: &IndexFile) {
+        self.mark_writer(file.writer_packs.iter().copied());
+        for p in &file.packs {
+            self.add_pack(p.id, &p.entries);
+        }
     }
 
     /// Whether an index or trash file read into this index named the pack (even if every
@@ -630,6 +737,16 @@ impl IndexBuilder {
         let number = self.packs.number(pack);
         self.entries
             .extend(entries.iter().map(|e| Entry::new(e, number)));
+    }
+
+    /// Adds every pack of `file`, marking its writers' packs (before or after adding).
+    pub fn add_file(&mut self, file: &IndexFile) {
+        for &p in &file.writer_packs {
+            self.packs.mark_writer(p);
+        }
+        for p in &file.packs {
+            self.add_pack(p.id, &p.entries);
+        }
     }
 
     /// The index, as if every pack had been condemned first and then added in order.

@@ -142,6 +142,11 @@ pub struct KeyFile {
     pub params: Option<KdfParams>,
     pub salt: String,
     pub wrapped: String,
+    /// `"write-only"` for a key that writes but cannot read (format 3). Shown by `key
+    /// list` and nothing else: the wrapped part decides what the key is, so a changed
+    /// hint misleads the list but opens nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -195,6 +200,7 @@ impl KeyFile {
             params,
             salt: B64.encode(salt),
             wrapped: B64.encode(seal_with(wrapping, &[plain.as_slice()])),
+            kind: key.is_write_only().then(|| "write-only".to_string()),
         }
     }
 

@@ -388,6 +388,9 @@ pub struct KeyInfo {
     /// Why it cannot be used, if it cannot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// It says it writes but cannot read (its file's plaintext hint; see
+    /// [`crate::keyfile::KeyFile::kind`]).
+    pub write_only: bool,
 }
 
 /// Every key file of the repository, the current one first, then by creation time.
@@ -410,6 +413,7 @@ pub fn list(repo: &Repository) -> Result<Vec<KeyInfo>> {
                     created: Some(file.created),
                     kdf,
                     problem,
+                    write_only: file.kind.as_deref() == Some("write-only"),
                 }
             }
             Err(e) => KeyInfo {
@@ -419,6 +423,7 @@ pub fn list(repo: &Repository) -> Result<Vec<KeyInfo>> {
                 created: None,
                 kdf: String::new(),
                 problem: Some(e),
+                write_only: false,
             },
         };
         out.push(info);
@@ -432,6 +437,21 @@ pub fn list(repo: &Repository) -> Result<Vec<KeyInfo>> {
 /// just generated. Returns its id.
 pub fn add(repo: &Repository, secret: &Secret, kdf: KdfParams, host: &str) -> Result<KeyId> {
     write_key_file(repo.storage().as_ref(), repo.key(), secret, kdf, host)
+}
+
+/// Adds a write-only key file (format 3) that `secret` opens: it backs up into this
+/// repository but cannot read it. Made from a full key.
+pub fn add_write_only(
+    repo: &Repository,
+    secret: &Secret,
+    kdf: KdfParams,
+    host: &str,
+) -> Result<KeyId> {
+    let key = repo
+        .config()
+        .write_only_key(repo.key())
+        .map_err(Error::InvalidInput)?;
+    write_key_file(repo.storage().as_ref(), &key, secret, kdf, host)
 }
 
 /// The key file whose id is `spec` or starts with it.
@@ -463,6 +483,11 @@ pub fn resolve(repo: &Repository, spec: &str) -> Result<KeyId> {
 pub fn remove(repo: &Repository, id: KeyId) -> Result<()> {
     let storage = repo.storage().as_ref();
     let location = storage.location();
+    if repo.key().is_write_only() {
+        return Err(Error::WriteOnlyKey {
+            action: "remove key files".into(),
+        });
+    }
     if repo.access().key_file() == Some(id) {
         return Err(Error::KeyInUse { id: id.short() });
     }

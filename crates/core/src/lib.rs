@@ -11,6 +11,7 @@ pub mod commit;
 pub mod compress;
 pub mod config;
 pub mod crypto;
+pub mod envelope;
 pub mod error;
 pub mod fsmeta;
 pub mod id;
@@ -28,6 +29,7 @@ pub mod trash;
 pub mod tree;
 pub mod window;
 pub mod writer;
+pub mod writer_cache;
 
 pub use error::{Error, Result};
 pub use repo::{InitOptions, Repository};

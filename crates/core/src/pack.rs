@@ -191,6 +191,17 @@ pub fn verify_blob(key: &MasterKey, pack: &[u8], entry: &PackEntry) -> bool {
         .is_some_and(|plain| key.blob_id(&plain) == entry.id)
 }
 
+/// Whether a writer sealed the whole pack file `pack` (format 3), by its header.
+pub fn sealed_by_writer(key: &MasterKey, pack: &[u8]) -> bool {
+    let total = pack.len();
+    let Some(trailer) = total.checked_sub(4).map(|at| &pack[at..]) else {
+        return false;
+    };
+    let trailer: [u8; 4] = trailer.try_into().expect("4 bytes");
+    header_range(total as u64, trailer)
+        .is_ok_and(|(start, _)| key.sealed_by_writer(&pack[start as usize..]))
+}
+
 /// Reads the header of a whole pack file.
 pub fn read_header(key: &MasterKey, pack: &[u8]) -> Result<Vec<PackEntry>, String> {
     let total = pack.len();

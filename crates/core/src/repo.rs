@@ -22,6 +22,7 @@ use crate::snapshot::Snapshot;
 use crate::tree::Tree;
 use crate::window::{PackWindows, RecentBlobs};
 use crate::writer::{BlobWriter, WriterReport};
+use crate::writer_cache::{WriterCache, WriterState};
 
 /// Settings fixed when a repository is created.
 #[derive(Debug, Clone)]
@@ -77,6 +78,8 @@ pub struct Repository {
     recent_blobs: RecentBlobs,
     /// The key file that opened it and this client's state of it ([`crate::keys`]).
     access: Access,
+    /// A write-only key's memory of its own packs, trees and snapshots.
+    writer_cache: Option<WriterCache>,
 }
 
 /// All readable snapshots, oldest first, and the ones that could not be read.
@@ -84,6 +87,16 @@ pub struct SnapshotList {
     pub snapshots: Vec<(SnapshotId, Snapshot)>,
     /// Snapshot files that cannot be read, and why.
     pub damaged: Vec<(SnapshotId, Error)>,
+}
+
+/// How many of its own snapshots a write-only key remembers.
+const WRITER_SNAPSHOTS_KEPT: usize = 100;
+
+/// What a write-only key was asked to do and cannot.
+fn write_only(what: &str) -> Error {
+    Error::WriteOnlyKey {
+        action: what.to_string(),
+    }
 }
 
 impl Repository {
@@ -126,6 +139,8 @@ impl Repository {
             mac: None,
         };
         config.sign(&key);
+        key.bind_repository(&config.id)
+            .expect("a new key is bound to nothing yet");
         // The config is written last: it is what makes the directory a repository.
         let bytes = serde_json::to_vec_pretty(&config).expect("a config serializes");
         storage.write("config", &bytes)?;
@@ -146,6 +161,7 @@ impl Repository {
             windows: storage_is_remote.then(PackWindows::default),
             recent_blobs: RecentBlobs::default(),
             pack_ends: std::sync::OnceLock::new(),
+            writer_cache: None,
             access,
         }
     }
@@ -169,6 +185,7 @@ impl Repository {
             .authenticate(&key)
             .map_err(|e| config_error(storage.as_ref(), e))?;
         key.use_cipher(config.cipher())
+            .and_then(|()| key.bind_repository(&config.id))
             .map_err(|e| config_error(storage.as_ref(), ConfigError::Malformed(e)))?;
         Ok(Self::assemble(storage, config, key, access))
     }
@@ -178,6 +195,10 @@ impl Repository {
     /// Returns the trash generation whose condemnations the index now honours: `None`
     /// when a trash file could not be read (its condemnations are unknown).
     pub fn load_index(&mut self) -> Result<Option<u64>> {
+        if self.key.is_write_only() {
+            self.load_writer_index()?;
+            return Ok(None);
+        }
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -190,11 +211,7 @@ impl Repository {
             let mut vanished = false;
             for (_, name) in self.index_file_names()? {
                 match self.read_index_file(&name) {
-                    Ok(f) => {
-                        for p in &f.packs {
-                            index.add_pack(p.id, &p.entries);
-                        }
-                    }
+                    Ok(f) => index.add_file(&f),
                     // Replaced by prune between the listing and the read: list again, to
                     // read the file that replaced it.
                     Err(Error::Storage(StorageError::NotFound { .. })) if attempt < 4 => {
@@ -213,6 +230,61 @@ impl Repository {
         }
     }
 
+    /// A write-only key reads no index file (it cannot open them): its index is the packs
+    /// its own earlier backups stored, as its client remembers them, less those no longer
+    /// stored (forgotten, as prune may have re-sealed and deleted them).
+    fn load_writer_index(&mut self) -> Result<()> {
+        let state = self.writer_state();
+        let stored: std::collections::HashSet<PackId> = self.list_packs()?.into_iter().collect();
+        let mut index = IndexBuilder::default();
+        for p in state.packs.iter().filter(|p| stored.contains(&p.id)) {
+            index.add_pack(p.id, &p.entries);
+        }
+        self.install_index(index.finish());
+        self.index_problems.clear();
+        Ok(())
+    }
+
+    /// What this client remembers as a write-only key (empty without a cache).
+    fn writer_state(&self) -> WriterState {
+        self.writer_cache
+            .as_ref()
+            .map(|c| c.load(&self.key))
+            .unwrap_or_default()
+    }
+
+    /// Gives a write-only key its memory of this repository ([`WriterCache`]); without
+    /// one, each of its backups reads and uploads everything.
+    pub fn set_writer_cache(&mut self, cache: WriterCache) {
+        self.writer_cache = Some(cache);
+    }
+
+    pub fn writer_cache(&self) -> Option<&WriterCache> {
+        self.writer_cache.as_ref()
+    }
+
+    /// After a write-only key's snapshot: remembers every pack its index now names (its
+    /// own, earlier and new) and the snapshot, for the next backup to build on.
+    pub fn remember_as_writer(&self, id: SnapshotId, snapshot: &Snapshot) -> std::io::Result<()> {
+        let Some(cache) = &self.writer_cache else {
+            return Ok(());
+        };
+        let mut state = cache.load(&self.key);
+        let groups = self.index.by_pack();
+        state.packs = groups
+            .packs()
+            .map(|p| IndexedPack {
+                id: *p,
+                entries: groups.blobs(p),
+            })
+            .collect();
+        state.snapshots.push((id, snapshot.to_json()));
+        // The parent of the next backup is among the last ones; older ones go.
+        let keep = state.snapshots.len().saturating_sub(WRITER_SNAPSHOTS_KEPT);
+        state.snapshots.drain(..keep);
+        cache.save(&self.key, &state)
+    }
+
     /// Rebuilds the in-memory index from the trash and index files already read.
     pub fn set_index<'a>(
         &mut self,
@@ -222,9 +294,7 @@ impl Repository {
         let mut index = IndexBuilder::default();
         index.condemn(trash.packs.keys().copied());
         for file in files {
-            for p in &file.packs {
-                index.add_pack(p.id, &p.entries);
-            }
+            index.add_file(file);
         }
         self.install_index(index.finish());
         self.index_problems.clear();
@@ -306,6 +376,24 @@ impl Repository {
         self.index.condemn(packs);
     }
 
+    /// Marks packs as writers' in the in-memory index (and in the index files written
+    /// from it).
+    pub fn mark_writer_packs(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        self.index.mark_writer(packs);
+    }
+
+    /// Counts writers' packs as the repository's own from now on, in memory and in the
+    /// index files written from it: prune read them and every blob verified.
+    pub fn trust_writer_packs(&mut self, packs: impl IntoIterator<Item = PackId>) {
+        self.index.trust_writer(packs);
+    }
+
+    /// Adds the packs of an index file to the in-memory index, its writers' packs marked.
+    pub fn absorb_file(&mut self, file: &IndexFile) {
+        self.index.mark_writer(file.writer_packs.iter().copied());
+        self.absorb(&file.packs);
+    }
+
     /// Adds packs written by this process to the in-memory index.
     pub fn absorb(&mut self, packs: &[IndexedPack]) {
         self.tree_packs = std::sync::OnceLock::new();
@@ -330,7 +418,10 @@ impl Repository {
             if self.index.knows_pack(&pack) || !wanted(&pack) {
                 continue;
             }
-            if let Ok(entries) = self.read_pack_header(&pack) {
+            if let Ok((entries, by_writer)) = self.read_pack_header_and_sealer(&pack) {
+                if by_writer {
+                    self.index.mark_writer([pack]);
+                }
                 adopted.push(IndexedPack { id: pack, entries });
             }
         }
@@ -486,6 +577,13 @@ impl Repository {
 
     /// A tree blob's plaintext, from the cache when it holds a verified copy.
     fn read_tree_bytes(&self, id: &BlobId) -> Result<Vec<u8>> {
+        if self.key.is_write_only() {
+            return self
+                .writer_cache
+                .as_ref()
+                .and_then(|c| c.tree(&self.key, id))
+                .ok_or_else(|| write_only(&format!("read tree {id}")));
+        }
         let Some(cache) = &self.cache else {
             return self.read_blob(id);
         };
@@ -589,6 +687,11 @@ impl Repository {
 
     /// Reads a pack's header from its tail, without reading its blobs.
     pub fn read_pack_header(&self, pack: &PackId) -> Result<Vec<PackEntry>> {
+        Ok(self.read_pack_header_and_sealer(pack)?.0)
+    }
+
+    /// [`read_pack_header`](Self::read_pack_header), and whether a writer sealed the pack.
+    pub fn read_pack_header_and_sealer(&self, pack: &PackId) -> Result<(Vec<PackEntry>, bool)> {
         let name = pack.storage_name();
         let total = self.storage.size(&name)?;
         if total < 4 {
@@ -602,7 +705,9 @@ impl Repository {
         let (start, len) =
             pack::header_range(total, trailer).map_err(|r| self.corrupt(&name, r))?;
         let sealed = self.storage.read_range(&name, start, len)?;
-        pack::open_header(&self.key, &sealed, start).map_err(|r| self.corrupt(&name, r))
+        let entries =
+            pack::open_header(&self.key, &sealed, start).map_err(|r| self.corrupt(&name, r))?;
+        Ok((entries, self.key.sealed_by_writer(&sealed)))
     }
 
     /// Every index file, read again from storage; unreadable ones come back as errors.
@@ -622,12 +727,20 @@ impl Repository {
             .collect())
     }
 
-    /// Writes an index file naming `packs`; they must already be durable.
+    /// Writes an index file naming `packs`; they must already be durable. The packs the
+    /// in-memory index knows as writers' are named so in it.
     pub fn write_index(&self, packs: Vec<IndexedPack>) -> Result<Option<IndexId>> {
         if packs.is_empty() {
             return Ok(None);
         }
-        let bytes = IndexFile::new(packs).seal(&self.key);
+        let mut file = IndexFile::new(packs);
+        file.writer_packs = file
+            .packs
+            .iter()
+            .map(|p| p.id)
+            .filter(|p| self.index.is_writer_pack(p))
+            .collect();
+        let bytes = file.seal(&self.key);
         let id = IndexId::of_bytes(&bytes);
         self.write_cacheable_file(&id.storage_name(), &bytes)?;
         Ok(Some(id))
@@ -642,6 +755,15 @@ impl Repository {
     }
 
     pub fn load_snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
+        if self.key.is_write_only() {
+            return self
+                .writer_state()
+                .snapshots()
+                .into_iter()
+                .find(|(s, _)| s == id)
+                .map(|(_, s)| s)
+                .ok_or_else(|| write_only(&format!("read snapshot {}", id.short())));
+        }
         let name = id.storage_name();
         let bytes = self.read_cacheable_file(&name)?;
         let json = crate::object::open(&self.key, Purpose::Snapshot, &bytes)
@@ -665,6 +787,11 @@ impl Repository {
             snapshots: Vec::new(),
             damaged: Vec::new(),
         };
+        if self.key.is_write_only() {
+            // Its own, as its client remembers them: it cannot open any other.
+            list.snapshots = self.writer_state().snapshots();
+            return Ok(list);
+        }
         for id in self.snapshot_ids()? {
             match self.load_snapshot(&id) {
                 Ok(s) => list.snapshots.push((id, s)),

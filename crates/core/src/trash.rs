@@ -107,7 +107,10 @@ pub fn read(repo: &Repository) -> Result<Trash> {
         let mut vanished = false;
         for name in repo.storage().list("trash")? {
             match read_file(repo, &name) {
-                Ok(file) => trash.add(name, file),
+                // Only prune writes trash, with a full key: a writer's "trash" is a
+                // writer's word (or a thief's), and condemns nothing.
+                Ok(None) => {}
+                Ok(Some(file)) => trash.add(name, file),
                 Err(Error::Storage(cairn_storage::StorageError::NotFound { .. }))
                     if attempt < 4 =>
                 {
@@ -123,12 +126,17 @@ pub fn read(repo: &Repository) -> Result<Trash> {
     }
 }
 
-fn read_file(repo: &Repository, name: &str) -> Result<TrashFile> {
+fn read_file(repo: &Repository, name: &str) -> Result<Option<TrashFile>> {
     let bytes = repo.storage().read(name)?;
     repo.check_name(name, &bytes)?;
+    if repo.key().sealed_by_writer(&bytes) {
+        return Ok(None);
+    }
     let json = crate::object::open(repo.key(), Purpose::Trash, &bytes)
         .map_err(|r| repo.corrupt(name, r))?;
-    TrashFile::from_json(&json).map_err(|r| repo.corrupt(name, r))
+    TrashFile::from_json(&json)
+        .map(Some)
+        .map_err(|r| repo.corrupt(name, r))
 }
 
 /// Writes a trash file; returns its storage name.

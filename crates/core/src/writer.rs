@@ -416,6 +416,12 @@ impl<'r> BlobWriter<'r> {
         self.blobs_added.fetch_add(1, Ordering::Relaxed);
         self.raw_bytes_added
             .fetch_add(data.len() as u64, Ordering::Relaxed);
+        if let (BlobKind::Tree, Some(cache)) = (kind, self.repo.writer_cache()) {
+            // A write-only key cannot read its trees back from the repository: the next
+            // backup finds its unchanged files through this copy. Best effort: without
+            // it, that backup reads those files again.
+            let _ = cache.put_tree(&id, &data);
+        }
         let grant = self.budget.take(data.len());
         let data = match data {
             Cow::Owned(data) => data,

@@ -59,14 +59,23 @@ pub struct Held {
 
 /// Every held object of `repo`, oldest first.
 pub fn list(dir: &Path, repo: &str) -> Result<Vec<Held>> {
+    Ok(held_files(dir, repo)?.into_iter().map(|(_, h)| h).collect())
+}
+
+/// Every held object of `repo` with the path of its file, oldest first.
+pub(crate) fn held_files(dir: &Path, repo: &str) -> Result<Vec<(PathBuf, Held)>> {
     let mut out = Vec::new();
     for (batch, deleted_at) in batches(dir, repo)? {
         let mut files = Vec::new();
         walk(&batch, "", &mut files)?;
-        out.extend(files.into_iter().map(|(name, size)| Held {
-            name,
-            deleted_at,
-            size,
+        out.extend(files.into_iter().map(|(name, size)| {
+            let path = object_path(&batch, &name);
+            let held = Held {
+                name,
+                deleted_at,
+                size,
+            };
+            (path, held)
         }));
     }
     Ok(out)

@@ -34,9 +34,27 @@ use crate::layout::{self, Kind};
 use crate::state::State;
 use crate::{deleted, Error, Result, ServeOptions};
 
-/// Serves until the process ends. `ready` is told the bound address (a port of 0 picks
-/// a free one) and whether it is HTTPS, once connections are accepted.
-pub fn serve(options: ServeOptions, ready: impl FnOnce(SocketAddr, bool)) -> Result<()> {
+/// Where the server listens, as `ready` is told once connections are accepted.
+#[derive(Debug, Clone)]
+pub enum Listening {
+    /// A TCP address (a port of 0 picks a free one), and whether it is HTTPS.
+    Tcp(SocketAddr, bool),
+    /// A unix socket (`--listen unix:PATH`), for a reverse proxy on the same machine.
+    Unix(std::path::PathBuf),
+}
+
+impl std::fmt::Display for Listening {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listening::Tcp(addr, true) => write!(f, "https://{addr}"),
+            Listening::Tcp(addr, false) => write!(f, "http://{addr}"),
+            Listening::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// Serves until the process ends. `ready` is told where, once connections are accepted.
+pub fn serve(options: ServeOptions, ready: impl FnOnce(Listening)) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -44,28 +62,80 @@ pub fn serve(options: ServeOptions, ready: impl FnOnce(SocketAddr, bool)) -> Res
     runtime.block_on(run(options, ready))
 }
 
-async fn run(options: ServeOptions, ready: impl FnOnce(SocketAddr, bool)) -> Result<()> {
+/// A bound listener of either kind.
+enum Listener {
+    Tcp(TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
+async fn bind(options: &ServeOptions) -> Result<(Listener, Listening, Option<TlsAcceptor>)> {
+    let listen_path = std::path::Path::new(&options.listen);
+    let acceptor = match &options.tls {
+        Some((cert, key)) => Some(tls_acceptor(cert, key)?),
+        None => None,
+    };
+    if let Some(path) = options.listen.strip_prefix("unix:") {
+        let path = std::path::PathBuf::from(path);
+        remove_stale_socket(&path)?;
+        let listener = tokio::net::UnixListener::bind(&path)
+            .map_err(|e| Error::io("listen on the unix socket", &path, e))?;
+        return Ok((Listener::Unix(listener), Listening::Unix(path), acceptor));
+    }
     let addr = tokio::net::lookup_host(&options.listen)
         .await
         .ok()
         .and_then(|mut addrs| addrs.next())
         .ok_or_else(|| {
             Error::Invalid(format!(
-                "Cannot resolve the listen address {:?}: give HOST:PORT, such as 127.0.0.1:8000",
+                "Cannot resolve the listen address {:?}: give HOST:PORT, such as \
+                 127.0.0.1:8000, or unix:PATH",
                 options.listen
             ))
         })?;
-    let acceptor = match &options.tls {
-        Some((cert, key)) => Some(tls_acceptor(cert, key)?),
-        None if addr.ip().is_loopback() => None,
-        None => {
-            return Err(Error::Invalid(format!(
-                "Refusing plain HTTP on {addr}, which is not a loopback address: tokens and \
-                 objects would cross the network unencrypted. Give --tls-cert and --tls-key, or \
-                 listen on 127.0.0.1 behind a reverse proxy that does TLS"
-            )))
-        }
+    if acceptor.is_none() && !addr.ip().is_loopback() {
+        return Err(Error::Invalid(format!(
+            "Refusing plain HTTP on {addr}, which is not a loopback address: tokens and \
+             objects would cross the network unencrypted. Give --tls-cert and --tls-key, or \
+             listen on 127.0.0.1 or a unix socket behind a reverse proxy that does TLS"
+        )));
+    }
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| Error::io("listen on", listen_path, e))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| Error::io("listen on", listen_path, e))?;
+    let tls = acceptor.is_some();
+    Ok((
+        Listener::Tcp(listener),
+        Listening::Tcp(local, tls),
+        acceptor,
+    ))
+}
+
+/// A socket file left by a server that is gone is removed; one that a live server
+/// answers on, or a file that is not a socket, is an error rather than taken over.
+fn remove_stale_socket(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
     };
+    if !meta.file_type().is_socket() {
+        return Err(Error::Invalid(format!(
+            "{} exists and is not a socket: give another path for --listen unix:PATH",
+            path.display()
+        )));
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(Error::Invalid(format!(
+            "{} is the socket of a server that is running: stop it first, or give another path",
+            path.display()
+        )));
+    }
+    std::fs::remove_file(path).map_err(|e| Error::io("remove the stale socket", path, e))
+}
+
+async fn run(options: ServeOptions, ready: impl FnOnce(Listening)) -> Result<()> {
     if !options.dir.is_dir() {
         return Err(Error::Invalid(format!(
             "{} is not a directory: create it, or give the directory whose subdirectories are \
@@ -73,12 +143,7 @@ async fn run(options: ServeOptions, ready: impl FnOnce(SocketAddr, bool)) -> Res
             options.dir.display()
         )));
     }
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| Error::io("listen on", std::path::Path::new(&options.listen), e))?;
-    let local = listener
-        .local_addr()
-        .map_err(|e| Error::io("listen on", std::path::Path::new(&options.listen), e))?;
+    let (listener, listening, acceptor) = bind(&options).await?;
     let idle = options.idle_timeout;
     let connections = Arc::new(Semaphore::new(options.max_connections.max(1)));
     let state = Arc::new(State::new(options)?);
@@ -86,7 +151,7 @@ async fn run(options: ServeOptions, ready: impl FnOnce(SocketAddr, bool)) -> Res
     tokio::task::block_in_place(|| sweep(&state));
     tokio::spawn(housekeeping(Arc::clone(&state)));
     let app = router(state);
-    ready(local, acceptor.is_some());
+    ready(listening);
     loop {
         // Waiting for a permit before accepting leaves extra connections in the
         // kernel's backlog: they are served in turn rather than refused.
@@ -94,30 +159,39 @@ async fn run(options: ServeOptions, ready: impl FnOnce(SocketAddr, bool)) -> Res
             .acquire_owned()
             .await
             .expect("the semaphore is never closed");
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                log_event("accept_failed", &e.to_string());
-                continue;
-            }
-        };
         let (app, acceptor) = (app.clone(), acceptor.clone());
-        tokio::spawn(async move {
-            connection(stream, peer, acceptor, app, idle).await;
-            drop(permit);
-        });
+        let accepted = match &listener {
+            Listener::Tcp(l) => l.accept().await.map(|(stream, peer)| {
+                tokio::spawn(async move {
+                    connection(stream, peer.to_string(), acceptor, app, idle).await;
+                    drop(permit);
+                })
+            }),
+            Listener::Unix(l) => l.accept().await.map(|(stream, _)| {
+                tokio::spawn(async move {
+                    connection(stream, "unix".to_string(), acceptor, app, idle).await;
+                    drop(permit);
+                })
+            }),
+        };
+        if let Err(e) = accepted {
+            log_event("accept_failed", &e.to_string());
+        }
     }
 }
 
-async fn connection(
-    stream: tokio::net::TcpStream,
-    peer: SocketAddr,
+async fn connection<S>(
+    stream: S,
+    peer: String,
     acceptor: Option<TlsAcceptor>,
     app: Router,
     idle: Duration,
-) {
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let tag = Peer(Arc::from(peer.as_str()));
     let service = hyper::service::service_fn(move |mut request: hyper::Request<_>| {
-        request.extensions_mut().insert(Peer(peer));
+        request.extensions_mut().insert(tag.clone());
         app.clone().oneshot(request)
     });
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -219,8 +293,8 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .with_state(state)
 }
 
-#[derive(Clone, Copy)]
-struct Peer(SocketAddr);
+#[derive(Clone)]
+struct Peer(Arc<str>);
 
 /// The token a request was made with, for the access log.
 #[derive(Clone)]
@@ -471,17 +545,19 @@ const MAX_DRAIN: u64 = 256 << 20;
 /// Reads what is left of a refused upload's body. A server that answers before the body
 /// is read closes the connection while the client is still sending, and the client then
 /// sees a broken pipe instead of the reason (a quota, an object that exists already).
-/// Bodies that announce more than [`MAX_DRAIN`] are not read: the connection closes.
+/// Bodies that announce more than [`MAX_DRAIN`], or than the server accepts at all, are
+/// not read: the connection closes.
 async fn drain(state: &State, headers: &HeaderMap, body: &mut Body) {
     let announced = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if announced.is_none_or(|len| len > MAX_DRAIN) {
+    let most = MAX_DRAIN.min(state.options.max_body);
+    if announced.is_none_or(|len| len > most) {
         return;
     }
     let mut read = 0u64;
-    while read <= MAX_DRAIN {
+    while read <= most {
         match tokio::time::timeout(state.options.idle_timeout, body.frame()).await {
             Ok(Some(Ok(frame))) => {
                 read += frame.data_ref().map_or(0, |d| d.len() as u64);

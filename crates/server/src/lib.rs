@@ -20,7 +20,7 @@ mod state;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use http::serve;
+pub use http::{serve, Listening};
 
 /// How to serve.
 #[derive(Debug, Clone)]

@@ -1,6 +1,7 @@
 //! `cairn serve scrub`: re-hashes every hash-named object of the served repositories
 //! against its name, on the server, with no key: bit rot and tampering on the server's
-//! disks show up without a client reading everything back.
+//! disks show up without a client reading everything back. Objects held by the deletion
+//! delay are checked too: they are what `serve undelete` would put back.
 
 use std::fs::File;
 use std::path::Path;
@@ -9,7 +10,7 @@ use cairn_storage::{LocalStorage, Storage};
 
 use crate::access::valid_repo_name;
 use crate::layout::{self, Kind};
-use crate::{Error, Result};
+use crate::{deleted, Error, Result};
 
 /// What a scrub found.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -17,8 +18,11 @@ pub struct ScrubReport {
     pub repositories: u64,
     pub objects_checked: u64,
     pub bytes_checked: u64,
-    /// `repository/name` of objects whose bytes do not hash to their names.
+    /// `repository/name` of objects whose bytes do not hash to their names; held
+    /// (deleted, not yet freed) objects as `repository/name (deleted at SECONDS)`.
     pub damaged: Vec<String>,
+    /// Of `objects_checked`, those held by the deletion delay.
+    pub held_checked: u64,
     /// `repository/name` of objects outside the layout (written with an admin token),
     /// which have no hash to check.
     pub unchecked: Vec<String>,
@@ -53,6 +57,21 @@ pub fn scrub(dir: &Path, repo: Option<&str>) -> Result<ScrubReport> {
                 }
                 Some(Kind::Config) => {}
                 None => report.unchecked.push(format!("{repo}/{name}")),
+            }
+        }
+        for (path, held) in deleted::held_files(dir, &repo)? {
+            let Some(Kind::Hashed { hash, .. }) = layout::classify(&held.name) else {
+                continue;
+            };
+            let (actual, len) = hash_file(&path)?;
+            report.objects_checked += 1;
+            report.held_checked += 1;
+            report.bytes_checked += len;
+            if actual.to_hex().as_str() != hash {
+                report.damaged.push(format!(
+                    "{repo}/{} (deleted at {})",
+                    held.name, held.deleted_at
+                ));
             }
         }
     }
@@ -103,5 +122,30 @@ mod tests {
         std::fs::write(store.root().join(&name), &bad).unwrap();
         let found = scrub(dir.path(), Some("r")).unwrap();
         assert_eq!(found.damaged, vec![format!("r/{name}")]);
+    }
+
+    #[test]
+    fn objects_held_by_the_deletion_delay_are_scrubbed_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStorage::new(dir.path().join("r"));
+        let bytes = b"an index file".to_vec();
+        let h = blake3::hash(&bytes).to_hex().to_string();
+        let name = format!("index/{h}");
+        store.write(&name, &bytes).unwrap();
+        deleted::hold(dir.path(), "r", &name, 1_000).unwrap();
+        let clean = scrub(dir.path(), None).unwrap();
+        assert_eq!(
+            (
+                clean.objects_checked,
+                clean.held_checked,
+                clean.damaged.len()
+            ),
+            (1, 1, 0)
+        );
+
+        let (path, _) = deleted::held_files(dir.path(), "r").unwrap().remove(0);
+        std::fs::write(&path, b"rotten").unwrap();
+        let found = scrub(dir.path(), None).unwrap();
+        assert_eq!(found.damaged, vec![format!("r/{name} (deleted at 1000)")]);
     }
 }

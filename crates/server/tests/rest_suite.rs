@@ -15,8 +15,10 @@ fn start(dir: &Path) -> SocketAddr {
     let (tx, rx) = std::sync::mpsc::channel();
     let options = ServeOptions::new(dir.to_path_buf(), "127.0.0.1:0".into());
     std::thread::spawn(move || {
-        let result = serve(options, |addr, _| {
-            let _ = tx.send(addr);
+        let result = serve(options, |listening| {
+            if let cairn_server::Listening::Tcp(addr, _) = listening {
+                let _ = tx.send(addr);
+            }
         });
         panic!("the server stopped: {result:?}");
     });

@@ -184,7 +184,7 @@ fn progress(g: &GlobalArgs, a: &BackupArgs, opts: &BackupOptions) -> Result<Prog
 
 /// The account running the backup: the effective user's name, else `$USER` (a uid
 /// without a passwd entry, as in some containers).
-fn username() -> String {
+pub fn username() -> String {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     match cairn_core::fsmeta::NameCache::default().user(euid) {

@@ -14,9 +14,13 @@ pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
         (None, true) => Some(Subset::All),
         (None, false) => None,
     };
-    let repo = context::open_uncached(g)?;
+    let repo = context::open_for_check(g)?;
     let monitor = Progress::phases(g, "check");
-    let report = check::check(&repo, &CheckOptions { read_data }, &monitor)?;
+    let opts = CheckOptions { read_data };
+    let report = match repo.key().is_write_only() {
+        true => check::check_structure(&repo, &opts, &monitor)?,
+        false => check::check(&repo, &opts, &monitor)?,
+    };
     monitor.finish();
     let code = if report.problems.is_empty() { 0 } else { 1 };
     if g.json {

@@ -12,7 +12,10 @@ use crate::config::{ConfigFile, PasswordSource, RepoEntry};
 use crate::output;
 
 pub fn run(g: &GlobalArgs, c: ConfigCommand) -> Result<u8> {
-    let ConfigCommand::Repo(r) = c;
+    let r = match c {
+        ConfigCommand::Repo(r) => r,
+        ConfigCommand::Check => return check(g),
+    };
     let mut config = ConfigFile::load_default()?;
     match r {
         RepoCommand::Add(a) => add(g, &mut config, a),
@@ -20,6 +23,27 @@ pub fn run(g: &GlobalArgs, c: ConfigCommand) -> Result<u8> {
         RepoCommand::Remove(a) => remove(g, &mut config, &a.name),
         RepoCommand::Default(a) => default(g, &mut config, a),
     }?;
+    Ok(0)
+}
+
+/// `cairn config check`: the repositories as `-r @NAME` reads them, then the jobs.
+fn check(g: &GlobalArgs) -> Result<u8> {
+    let config = ConfigFile::load_default()?;
+    let jobs = crate::jobs::config::Jobs::load(config.path())?;
+    if g.json {
+        output::json(&serde_json::json!({
+            "file": config.path(),
+            "repos": config.repos().map(|r| &r.name).collect::<Vec<_>>(),
+            "jobs": jobs.jobs.keys().collect::<Vec<_>>(),
+        }))?;
+    } else if !g.quiet {
+        println!(
+            "{} is valid: {}, {}",
+            config.path().display(),
+            output::count(config.repos().count() as u64, "repository", "repositories"),
+            output::count(jobs.jobs.len() as u64, "job", "jobs")
+        );
+    }
     Ok(0)
 }
 
@@ -38,10 +62,12 @@ fn add(g: &GlobalArgs, config: &mut ConfigFile, a: RepoAddArgs) -> Result<()> {
         }
         (None, None) => None,
     };
+    let rest_token_file = a.rest_token_file.as_deref().map(absolute).transpose()?;
     let entry = RepoEntry {
         name: a.name,
         address: stored_address(&a.address)?,
         password,
+        rest_token_file,
     };
     config.add(entry.clone(), a.force)?;
     if a.default {
@@ -163,6 +189,7 @@ fn entry_json(e: &RepoEntry, config: &ConfigFile) -> serde_json::Value {
         "default": config.default_name() == Some(e.name.as_str()),
         "password_command": command,
         "password_file": file,
+        "rest_token_file": e.rest_token_file.as_ref().map(|f| f.display().to_string()),
     })
 }
 

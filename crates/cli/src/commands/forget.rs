@@ -148,6 +148,12 @@ fn print_prune(r: &PruneReport) {
         output::size(r.bytes_unused),
         if r.blobs_unused == 1 { "is" } else { "are" }
     );
+    if r.writer_packs_verified > 0 {
+        println!(
+            "{} pack(s) written with write-only keys verified: full keys build on them now",
+            r.writer_packs_verified
+        );
+    }
     if r.packs_repacked > 0 {
         println!(
             "{} packs {would}repacked ({} blobs, {} kept)",

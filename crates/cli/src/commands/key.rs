@@ -16,9 +16,14 @@ pub fn run(g: &GlobalArgs, command: KeyCommand) -> Result<u8> {
     match command {
         KeyCommand::List => list(g, &repo),
         KeyCommand::Add(a) => {
-            let secret = typed(&context::new_password(a.new_password_file.as_deref())?);
-            let id = keys::add(&repo, &secret, KdfParams::default(), &host(&a))?;
-            report(g, "Added key", &id.to_hex(), None)
+            let secret = typed(&context::new_password(a.new.new_password_file.as_deref())?);
+            if a.write_only {
+                let id = keys::add_write_only(&repo, &secret, KdfParams::default(), &host(&a.new))?;
+                report(g, "Added write-only key", &id.to_hex(), None)
+            } else {
+                let id = keys::add(&repo, &secret, KdfParams::default(), &host(&a.new))?;
+                report(g, "Added key", &id.to_hex(), None)
+            }
         }
         KeyCommand::Remove(a) => {
             let id = keys::resolve(&repo, &a.id)?;
@@ -126,10 +131,13 @@ fn list(g: &GlobalArgs, repo: &Repository) -> Result<u8> {
     )?;
     for k in &keys {
         let created = k.created.map(output::local_time).unwrap_or_default();
-        let kdf = match &k.problem {
+        let mut kdf = match &k.problem {
             Some(p) => format!("{} (unusable: {p})", k.kdf),
             None => k.kdf.clone(),
         };
+        if k.write_only {
+            kdf.push_str(", write-only");
+        }
         writeln!(
             out,
             "{}{:<8}  {:<16}  {:<19}  {kdf}",

@@ -1,12 +1,13 @@
 //! One file per command: each converts its arguments into core options, calls one core
 //! operation, and prints the report for people or as JSON.
 
-mod backup;
+pub mod backup;
 mod browse;
 mod check;
 mod chunk;
 mod config;
 mod copy;
+mod daemon;
 mod diff;
 mod dump;
 mod find;
@@ -17,6 +18,8 @@ mod key;
 mod repair;
 mod restore;
 mod rewrite;
+mod run;
+mod schedule;
 mod serve;
 mod snapshots;
 mod stats;
@@ -114,5 +117,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Key(k) => key::run(g, k),
         Command::Serve(a) => serve::run(g, a),
         Command::Generate(a) => generate::run(g, a),
+        Command::Run(a) => run::run(g, a),
+        Command::Daemon(a) => daemon::run(g, a),
+        Command::Schedule(c) => schedule::run(g, c),
     }
 }

@@ -128,9 +128,10 @@ pub fn run(g: &GlobalArgs, a: ServeArgs) -> Result<u8> {
                     println!("damaged: {name} (its bytes do not hash to its name)");
                 }
                 println!(
-                    "Checked {} objects ({}) in {} repositories: {} damaged",
+                    "Checked {} objects ({}; {} of them deleted and held) in {} repositories: {} damaged",
                     report.objects_checked,
                     output::size(report.bytes_checked),
+                    report.held_checked,
                     report.repositories,
                     report.damaged.len()
                 );
@@ -143,7 +144,7 @@ pub fn run(g: &GlobalArgs, a: ServeArgs) -> Result<u8> {
 fn serve(a: ServeArgs) -> Result<u8> {
     let listen = a
         .listen
-        .context("Give the address to listen on: --listen 127.0.0.1:8000 (or HOST:PORT with --tls-cert and --tls-key)")?;
+        .context("Give the address to listen on: --listen 127.0.0.1:8000, unix:PATH (behind a reverse proxy), or HOST:PORT with --tls-cert and --tls-key")?;
     let options = ServeOptions {
         tls: a.tls_cert.zip(a.tls_key),
         delete_delay: a.delete_delay,
@@ -152,12 +153,9 @@ fn serve(a: ServeArgs) -> Result<u8> {
         idle_timeout: a.idle_timeout,
         ..ServeOptions::new(a.dir, listen)
     };
-    cairn_server::serve(options, |addr, tls| {
+    cairn_server::serve(options, |listening| {
         // Tests and scripts read the address (a port of 0 picks one) from this line.
-        println!(
-            "cairn serve: listening on {}://{addr}",
-            if tls { "https" } else { "http" }
-        );
+        println!("cairn serve: listening on {listening}");
         let _ = std::io::stdout().flush();
     })?;
     Ok(0)

@@ -154,6 +154,7 @@ fn changed_settings_are_refused_not_followed() {
         serde_json::json!({"compression": {"codec": "none"}}),
         serde_json::json!({"pack_size": 1048576}),
         serde_json::json!({"version": 1}),
+        serde_json::json!({"version": 2}),
     ] {
         fs::write(env.repo.join("config"), &original).unwrap();
         edit_config(&env, |c| {
@@ -186,11 +187,11 @@ fn changed_settings_are_refused_not_followed() {
 }
 
 #[test]
-fn new_repositories_are_format_2_and_hide_exact_sizes() {
+fn new_repositories_are_of_the_current_format_and_hide_exact_sizes() {
     let env = TestEnv::with_repo();
     let config: Value =
         serde_json::from_slice(&fs::read(env.repo.join("config")).unwrap()).unwrap();
-    assert_eq!(config["version"], 2);
+    assert_eq!(config["version"], cairn_core::config::FORMAT_VERSION);
     assert!(is_hex(config["mac"].as_str().unwrap(), 64), "{config}");
     // Files of sizes that differ by a few bytes make packs of one size (Padmé).
     let mut sizes = Vec::new();

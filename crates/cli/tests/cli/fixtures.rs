@@ -192,6 +192,35 @@ fn write_fixture(dest: &Path, cipher: &str) {
             "entries": describe_tree(&src),
         }));
     }
+    if version >= 3 {
+        // A third snapshot made with a write-only key: its packs, index and snapshot are
+        // sealed by a writer (HPKE envelopes), which every later cairn must still open.
+        let writer_pw = env.path("write-only-password");
+        fs::write(&writer_pw, "cairn write-only fixture password").unwrap();
+        cmd(&[
+            "key",
+            "add",
+            "--write-only",
+            "--new-password-file",
+            writer_pw.to_str().unwrap(),
+        ]);
+        fs::remove_dir_all(&src).unwrap();
+        build_source(&src, 2);
+        let out = run_with_password_file(
+            &env,
+            &repo,
+            &writer_pw,
+            &["backup", "--json", src.to_str().unwrap()],
+        );
+        assert_success(&out, "backup with the write-only key");
+        let summary = parse_json(&out.stdout, "backup --json");
+        snapshots.push(json!({
+            "id": summary["snapshot_id"],
+            "path": src.to_str().unwrap(),
+            "entries": describe_tree(&src),
+            "written_with": "a write-only key",
+        }));
+    }
     let manifest = json!({
         "format_version": version,
         "written_by": format!("cairn {}", env!("CARGO_PKG_VERSION")),

@@ -21,7 +21,7 @@ use crate::remote::{remote_cmd, run, server_address, unique_address};
 
 /// What the proxy does to the connections through it.
 #[derive(Clone, Copy, Debug)]
-enum Rule {
+pub(crate) enum Rule {
     /// Cuts each of the first `count` connections that carry more than `after` bytes
     /// towards the server right after those bytes; then passes everything.
     CutFirst { count: u64, after: u64 },
@@ -187,7 +187,7 @@ fn s3_server(base: &str) -> (SocketAddr, String) {
 }
 
 /// One repository reached two ways: `direct`ly and `via` the proxy (with `via_env` set).
-struct ProxiedRepo {
+pub(crate) struct ProxiedRepo {
     direct: String,
     via: String,
     via_env: Vec<(String, String)>,
@@ -330,8 +330,24 @@ fn restore_and_compare(env: &TestEnv, address: &str, src: &Path, target: &str) {
 // The connection drops mid-upload
 // ---------------------------------------------------------------------------------------
 
+/// Repository `repo` of the `cairn serve` at `server` (`http://127.0.0.1:PORT`), direct
+/// and through a proxy. The token goes in the test environment's variables, for both.
+pub(crate) fn proxied_rest_repo(server: &str, repo: &str, rule: Rule) -> ProxiedRepo {
+    let upstream: SocketAddr = server
+        .strip_prefix("http://")
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("{server} is http://IP:PORT"));
+    let proxy = Proxy::start(upstream, rule);
+    ProxiedRepo {
+        direct: format!("rest:{server}/{repo}"),
+        via: format!("rest:http://127.0.0.1:{}/{repo}", proxy.port),
+        via_env: Vec::new(),
+        proxy,
+    }
+}
+
 /// Cuts `cuts` connections in the middle of requests, then behaves.
-fn drops(cuts: u64) -> Rule {
+pub(crate) fn drops(cuts: u64) -> Rule {
     Rule::CutFirst {
         count: cuts,
         after: 300_000,
@@ -339,10 +355,10 @@ fn drops(cuts: u64) -> Rule {
 }
 
 /// Passes the first 3 MB towards the server, then nothing.
-const LOST: Rule = Rule::CutAllAfter { after: 3_000_000 };
+pub(crate) const LOST: Rule = Rule::CutAllAfter { after: 3_000_000 };
 
 /// A backup through connections that drop completes through the retries.
-fn backup_completes_through_drops(env: &TestEnv, repo: &ProxiedRepo, cuts: u64) {
+pub(crate) fn backup_completes_through_drops(env: &TestEnv, repo: &ProxiedRepo, cuts: u64) {
     let src = env.path("src");
     random_tree(&src, 4, 2_000_000, 10);
     run(env, &repo.direct, &init_args());
@@ -368,7 +384,7 @@ fn backup_completes_through_drops(env: &TestEnv, repo: &ProxiedRepo, cuts: u64) 
 
 /// A backup whose server stops answering half-way fails quickly and clearly; the
 /// repository, seen directly, holds nothing that a later backup or restore trusts.
-fn backup_that_loses_the_server_fails_cleanly(env: &TestEnv, repo: &ProxiedRepo) {
+pub(crate) fn backup_that_loses_the_server_fails_cleanly(env: &TestEnv, repo: &ProxiedRepo) {
     let first = env.path("first");
     random_tree(&first, 1, 500_000, 20);
     run(env, &repo.direct, &init_args());

@@ -47,7 +47,7 @@ impl Server {
             .trim()
             .rsplit(' ')
             .next()
-            .filter(|u| u.contains("://"))
+            .filter(|u| u.contains("://") || u.starts_with("unix:"))
             .unwrap_or_else(|| panic!("cairn serve prints its address, not {line:?}"))
             .to_string();
         Server {
@@ -120,10 +120,23 @@ fn raw(
     body: &[u8],
     declared: Option<u64>,
 ) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).unwrap();
+    let stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
+    raw_on(stream, addr, method, path, token, body, declared)
+}
+
+/// [`raw`] on a connection already made (TCP or a unix socket).
+fn raw_on(
+    mut stream: impl Read + Write,
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+    declared: Option<u64>,
+) -> (u16, String) {
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     if let Some(token) = token {
         head.push_str(&format!("Authorization: Bearer {token}\r\n"));
@@ -654,4 +667,215 @@ fn serve_refuses_plain_http_beyond_loopback() {
         .unwrap();
     assert_exit(&out, 1, "plain HTTP on every interface");
     assert!(stderr(&out).contains("--tls-cert"), "{}", stderr(&out));
+}
+
+/// A connection cut in the middle of an upload (as a proxy or a NAT in front of the server
+/// might) is retried and the backup completes; a server that stops answering altogether
+/// is a quick, clear failure that leaves nothing a later command trusts. The same checks
+/// as for S3 and SFTP (`remote_faults`).
+#[test]
+fn serve_connections_cut_by_a_proxy_are_retried_and_a_lost_server_fails_cleanly() {
+    use crate::remote_faults::{
+        backup_completes_through_drops, backup_that_loses_the_server_fails_cleanly, drops,
+        proxied_rest_repo, LOST,
+    };
+    let (senv, dir) = server_dir();
+    let tok = token(&senv, &dir, "laptop", "home", "maintain");
+    let tok_lost = token(&senv, &dir, "desk", "lost", "maintain");
+    let server = Server::start(&senv, &dir, &[]);
+    for (repo, tok, lost) in [("home", tok, false), ("lost", tok_lost, true)] {
+        let mut env = TestEnv::new();
+        env.vars.push(("CAIRN_REST_TOKEN".into(), tok));
+        if lost {
+            let proxied = proxied_rest_repo(&server.url, repo, LOST);
+            backup_that_loses_the_server_fails_cleanly(&env, &proxied);
+        } else {
+            let proxied = proxied_rest_repo(&server.url, repo, drops(3));
+            backup_completes_through_drops(&env, &proxied, 3);
+        }
+    }
+}
+
+/// `--listen unix:PATH` serves the same protocol on a unix socket (for a reverse proxy
+/// on the same machine); a socket a running server answers on, or a file that is not a
+/// socket, is refused rather than taken over, and a dead server's socket is replaced.
+#[test]
+fn serve_on_a_unix_socket_answers_with_tokens_and_never_takes_over_a_live_socket() {
+    use std::os::unix::net::UnixStream;
+    let (senv, dir) = server_dir();
+    let tok = token(&senv, &dir, "proxy", "home", "append");
+    let socket = senv.path("serve.sock");
+    let listen = format!("unix:{}", socket.display());
+    let mut server = Server::start_at(&senv, &dir, &listen, &[]);
+    assert_eq!(server.url, listen, "the address printed is the socket");
+    let request = |method: &str, path: &str, token: Option<&str>, body: &[u8]| {
+        let stream = UnixStream::connect(&socket).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        raw_on(stream, "localhost", method, path, token, body, None)
+    };
+    let body = b"an object sent through the socket".to_vec();
+    let hash = hash_hex(&body);
+    let path = format!("/home/data/{}/{hash}", &hash[..2]);
+    assert_eq!(request("GET", &path, None, b"").0, 401, "no token");
+    assert_eq!(request("PUT", &path, Some(&tok), &body).0, 201);
+    let (status, got) = request("GET", &path, Some(&tok), b"");
+    assert_eq!((status, got.into_bytes()), (200, body.clone()));
+
+    let serve_on = |listen: &str| {
+        senv.bare_cmd()
+            .args(["serve", "--dir"])
+            .arg(&dir)
+            .args(["--listen", listen])
+            .output()
+            .unwrap()
+    };
+    let out = serve_on(&listen);
+    assert_exit(&out, 1, "a second server on a live socket");
+    assert!(
+        stderr(&out).contains("server that is running"),
+        "{}",
+        stderr(&out)
+    );
+    server.kill();
+    assert!(socket.exists(), "a killed server leaves its socket file");
+    let _server = Server::start_at(&senv, &dir, &listen, &[]);
+    assert_eq!(
+        request("GET", &path, Some(&tok), b"").0,
+        200,
+        "a restarted server replaced the dead socket"
+    );
+    let plain = senv.path("not-a-socket");
+    std::fs::write(&plain, "keep me").unwrap();
+    let out = serve_on(&format!("unix:{}", plain.display()));
+    assert_exit(&out, 1, "a path that is a regular file");
+    assert!(stderr(&out).contains("not a socket"), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&plain).unwrap(), "keep me");
+}
+
+/// The setup the issue asks for: a machine holds a write-only key and an append token.
+/// Whoever takes it can add backups but cannot read, list the contents of, alter or
+/// remove anything; the owner, with a full key and a maintain token elsewhere, restores
+/// every snapshot exactly.
+#[test]
+fn serve_a_thief_with_a_write_only_key_and_an_append_token_cannot_read_or_remove() {
+    let (senv, dir) = server_dir();
+    let laptop = token(&senv, &dir, "laptop", "home", "append");
+    let owner_token = token(&senv, &dir, "owner", "home", "maintain");
+    let server = Server::start(&senv, &dir, &[]);
+    let owner = client(&server, "home", &owner_token);
+    owner.init(&SMALL_CHUNKS);
+    let pw = owner.path("laptop.pw");
+    std::fs::write(&pw, "laptop password").unwrap();
+    let out = owner
+        .cmd()
+        .args(["key", "add", "--write-only", "--new-password-file"])
+        .arg(&pw)
+        .output()
+        .unwrap();
+    assert_success(&out, "key add --write-only");
+
+    let mut thief = client(&server, "home", &laptop);
+    thief
+        .vars
+        .push(("CAIRN_PASSWORD".into(), "laptop password".into()));
+    let src = thief.path("src");
+    write_random_files(&src, 4, 200_000, 9);
+    let first = thief.backup_id(&[&src], &[]);
+    let first_copy = thief.path("first");
+    copy_tree(&src, &first_copy);
+    write_random_files(&src.join("more"), 2, 100_000, 10);
+    let second = thief.backup_id(&[&src], &[]);
+
+    let before = files_below(&dir.join("home"));
+    let target = thief.path("stolen");
+    for args in [
+        vec!["restore", "latest", "--target", target.to_str().unwrap()],
+        vec!["ls", "latest"],
+        vec!["snapshots"],
+        vec!["forget", "--keep-last", "1", "--prune"],
+    ] {
+        let out = thief.cmd().args(&args).output().unwrap();
+        assert_exit(&out, 1, &format!("the thief's {args:?}"));
+        assert!(stderr(&out).contains("write-only key"), "{}", stderr(&out));
+    }
+    let pack = name_in(&before, "data/");
+    let (status, _) = raw(
+        &server.addr(),
+        "DELETE",
+        &format!("/home/{pack}"),
+        Some(&laptop),
+        b"",
+        None,
+    );
+    assert_eq!(status, 403, "the append token deletes nothing");
+    assert_eq!(files_below(&dir.join("home")), before, "nothing changed");
+    assert!(!target.exists());
+
+    assert_check_clean(&owner, &["--read-data"], "the owner's check");
+    assert_snapshot_restores(&owner, &first, &src, &first_copy, Compare::CONTENTS);
+    assert_snapshot_restores(&owner, &second, &src, &src, Compare::CONTENTS);
+}
+
+/// A server's token can come from the config file's entry (`rest-token-file`), so a
+/// named repository needs nothing in the environment; `CAIRN_REST_TOKEN` still wins,
+/// with a note, and a token file that cannot be read is an error naming it.
+#[test]
+fn serve_a_token_can_come_from_the_config_files_repository_entry() {
+    let (senv, dir) = server_dir();
+    let tok = token(&senv, &dir, "box", "home", "append");
+    let server = Server::start(&senv, &dir, &[]);
+    let env = TestEnv::new();
+    let token_file = env.path("token");
+    std::fs::write(&token_file, format!("{tok}\n")).unwrap();
+    let address = format!("rest:{}/home", server.url);
+    let out = env
+        .bare_cmd()
+        .args([
+            "config",
+            "repo",
+            "add",
+            "box",
+            &address,
+            "--rest-token-file",
+        ])
+        .arg(&token_file)
+        .output()
+        .unwrap();
+    assert_success(&out, "config repo add --rest-token-file");
+    let named = |args: &[&str]| {
+        env.bare_cmd()
+            .args(["-r", "@box"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    assert_success(&named(&["init"]), "init through the entry's token");
+    let src = env.path("src");
+    write_random_files(&src, 2, 50_000, 11);
+    assert_success(
+        &named(&["backup", src.to_str().unwrap()]),
+        "backup through the entry's token",
+    );
+    let out = env
+        .bare_cmd()
+        .env("CAIRN_REST_TOKEN", &tok)
+        .args(["-r", "@box", "snapshots"])
+        .output()
+        .unwrap();
+    assert_success(&out, "snapshots with both");
+    assert!(
+        stderr(&out).contains("using CAIRN_REST_TOKEN"),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::remove_file(&token_file).unwrap();
+    let out = named(&["snapshots"]);
+    assert_exit(&out, 1, "a token file that is gone");
+    assert!(
+        stderr(&out).contains(token_file.to_str().unwrap()),
+        "{}",
+        stderr(&out)
+    );
 }

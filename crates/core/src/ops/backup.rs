@@ -179,6 +179,11 @@ fn begin(repo: &mut Repository, opts: &BackupOptions) -> Result<(Option<Session>
 /// file: index them, so that this backup builds on them instead of uploading them
 /// again, then remove the ended sessions' files.
 fn adopt_after_ended_sessions(repo: &mut Repository, session: &Session) -> Result<u64> {
+    if repo.key().is_write_only() {
+        // It can neither judge others' sessions nor read their packs' headers; prune
+        // (with a full key) adopts what ended sessions left.
+        return Ok(0);
+    }
     let survey = session.survey(repo, &Host::this())?;
     let ended: Vec<_> = survey.ended().map(|(v, _)| v.clone()).collect();
     if ended.is_empty() {
@@ -253,6 +258,15 @@ pub fn backup(
             Committed::Done(report) => {
                 if let Some(session) = session {
                     session.finish();
+                }
+                if let Some(id) = report.snapshot_id {
+                    if let Err(e) = repo.remember_as_writer(id, &report.snapshot) {
+                        let dir = repo.writer_cache().map(|c| c.dir().to_path_buf());
+                        monitor.problem(
+                            &dir.unwrap_or_default(),
+                            &format!("the next backup will read and upload everything again: {e}"),
+                        );
+                    }
                 }
                 return Ok(BackupReport {
                     excludes_unmatched: excludes.unmatched(),

@@ -67,6 +67,9 @@ pub struct PruneReport {
     /// Packs condemned by this run (wholly unused, or repacked).
     pub packs_condemned: u64,
     pub packs_repacked: u64,
+    /// Writers' packs read and found to hold exactly what their ids say: from now on
+    /// full keys build on them too (format 3).
+    pub writer_packs_verified: u64,
     pub blobs_repacked: u64,
     pub bytes_repacked: u64,
     pub packs_deleted: u64,
@@ -166,7 +169,7 @@ pub fn prune(
     if !gone.is_empty() {
         repo.condemn(gone.iter().copied());
         for (_, file) in &index_files {
-            repo.absorb(&file.packs);
+            repo.absorb_file(file);
         }
         for p in &gone {
             packs.remove(p);
@@ -208,6 +211,7 @@ pub fn prune(
     };
     let mut newly_condemned = Vec::new();
     let mut to_repack: Vec<(PackId, Vec<PackEntry>)> = Vec::new();
+    let mut vouched: Vec<PackId> = Vec::new();
     let mut live: Vec<&PackId> = packs.keys().filter(|p| !trash.is_condemned(p)).collect();
     live.sort();
     for pack in live {
@@ -219,14 +223,27 @@ pub fn prune(
         let total: u64 = entries.iter().map(|e| e.length as u64).sum();
         let unused: u64 = spare.iter().map(|e| e.length as u64).sum();
         report.bytes_unused += unused;
+        // A writer's pack that holds needed blobs is read once: if every blob in it is
+        // what its id says, full keys may build on it from now on (the index written
+        // below names it as theirs) and its writer keeps deduplicating against it. One
+        // that does not verify has its good needed blobs re-sealed, and goes.
+        let mut writer_unverified = false;
+        if !need.is_empty() && repo.index().is_writer_pack(pack) {
+            match session.is_some() && vouch(repo, pack, entries)? {
+                true => vouched.push(*pack),
+                false => writer_unverified = true,
+            }
+        }
         if need.is_empty() {
             newly_condemned.push(*pack);
-        } else if !spare.is_empty()
-            && unused as f64 > total as f64 * opts.max_unused_percent / 100.0
+        } else if writer_unverified
+            || (!spare.is_empty() && unused as f64 > total as f64 * opts.max_unused_percent / 100.0)
         {
             to_repack.push((*pack, need.into_iter().copied().collect()));
         }
     }
+    report.writer_packs_verified = vouched.len() as u64;
+    repo.trust_writer_packs(vouched.iter().copied());
     for (pack, need) in &to_repack {
         report.packs_repacked += 1;
         report.blobs_repacked += need.len() as u64;
@@ -259,7 +276,7 @@ pub fn prune(
         repo.condemn(newly_condemned.iter().copied());
         // Adding the packs again moves blob locations to live copies where there are any.
         for (_, file) in &index_files {
-            repo.absorb(&file.packs);
+            repo.absorb_file(file);
         }
     }
 
@@ -287,7 +304,7 @@ pub fn prune(
         match file {
             // Not added to `packs`: the file stays, and the index written below must not
             // name its packs a second time.
-            Ok(file) => repo.absorb(&file.packs),
+            Ok(file) => repo.absorb_file(&file),
             // Only this prune deletes index files, and it has not yet: damage.
             Err(e) => {
                 return Err(refuse(
@@ -356,7 +373,7 @@ pub fn prune(
     // these decisions are stale.
     fresh(&session)?;
     let deleted: HashSet<PackId> = deletable.iter().copied().chain(gone).collect();
-    if !deleted.is_empty() {
+    if !deleted.is_empty() || !vouched.is_empty() {
         let keep: Vec<IndexedPack> = packs
             .iter()
             .filter(|(id, _)| !deleted.contains(id))
@@ -468,6 +485,19 @@ fn delete_quietly(repo: &Repository, name: &str) -> Result<()> {
     )?)
 }
 
+/// Whether every blob the index places in writer's pack `pack` opens and hashes to its
+/// id. A pack gone meanwhile is not vouched for.
+fn vouch(repo: &Repository, pack: &PackId, entries: &[PackEntry]) -> Result<bool> {
+    let bytes = match repo.storage().read(&pack.storage_name()) {
+        Ok(bytes) => bytes,
+        Err(cairn_storage::StorageError::NotFound { .. }) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(entries
+        .iter()
+        .all(|e| crate::pack::verify_blob(repo.key(), &bytes, e)))
+}
+
 /// Copies the needed blobs of mostly unused packs into new packs, and indexes those.
 pub(crate) fn repack(
     repo: &mut Repository,
@@ -478,12 +508,28 @@ pub(crate) fn repack(
     let mut written = {
         let writer = repo.blob_writer();
         let mut done = 0;
-        let copied = packs.iter().flat_map(|(_, e)| e).try_for_each(|e| {
-            let data = repo.read_blob(&e.id)?;
-            writer.add_copy(e.kind, &data)?;
-            done += 1;
-            monitor.progress("repacking", done, total as u64);
-            Ok(())
+        let copied = packs.iter().try_for_each(|(pack, entries)| {
+            entries.iter().try_for_each(|e| {
+                let data = match repo.read_blob(&e.id) {
+                    Ok(data) => data,
+                    // A writer's blob that does not open as its id is a writer's garbage
+                    // (or a thief's): nothing of a full key's relies on it. It is left
+                    // out, and whatever snapshot names it is damaged for `check`.
+                    Err(err @ Error::BlobDamaged { .. }) if repo.index().is_writer_pack(pack) => {
+                        let path = std::path::PathBuf::from(pack.storage_name());
+                        monitor.problem(
+                            &path,
+                            &format!("blob {} left out, it does not verify: {err}", e.id),
+                        );
+                        return Ok(());
+                    }
+                    Err(err) => return Err(err),
+                };
+                writer.add_copy(e.kind, &data)?;
+                done += 1;
+                monitor.progress("repacking", done, total as u64);
+                Ok(())
+            })
         });
         match copied {
             Ok(()) => writer.finish()?,

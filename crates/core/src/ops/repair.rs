@@ -64,6 +64,7 @@ pub fn repair_index(
     let mut indexed = Vec::with_capacity(packs.len());
     // Packs with damaged blobs: their good blobs move to new packs, then they are condemned.
     let mut damaged = Vec::new();
+    let mut writer_packs = Vec::new();
     for (i, pack) in packs.iter().enumerate() {
         monitor.progress("reading packs", i as u64, packs.len() as u64);
         let before = known.get(pack);
@@ -86,6 +87,9 @@ pub fn repair_index(
                 report.blobs_damaged += found.damaged_blobs;
                 if !found.header_ok {
                     report.packs_header_damaged.push(pack.storage_name());
+                }
+                if found.by_writer {
+                    writer_packs.push(*pack);
                 }
                 if read_data
                     && (found.damaged_blobs > 0 || !found.header_ok)
@@ -112,6 +116,7 @@ pub fn repair_index(
     // A repair paused long enough to be taken for crashed may be acting on packs a prune
     // has deleted since.
     crate::ops::prune::fresh(&session)?;
+    repo.mark_writer_packs(writer_packs);
     let new = repo.write_index(indexed)?.map(|id| id.storage_name());
     for name in old {
         if Some(&name) != new.as_ref() {
@@ -180,6 +185,8 @@ struct PackFindings {
     entries: Vec<PackEntry>,
     damaged_blobs: u64,
     header_ok: bool,
+    /// A writer sealed it (format 3): it stays a writer's pack in the new index.
+    by_writer: bool,
 }
 
 /// The blobs of a pack: from its header, or from the old index when the header is
@@ -190,15 +197,18 @@ fn inspect_pack(
     read_data: bool,
     fallback: Option<Vec<PackEntry>>,
 ) -> Result<PackFindings> {
-    let found = |entries, header_ok| PackFindings {
+    // A pack whose header is damaged keeps the standing the index files gave it.
+    let was_writer = repo.index().is_writer_pack(pack);
+    let found = |entries, header_ok, by_writer| PackFindings {
         entries,
         damaged_blobs: 0,
         header_ok,
+        by_writer,
     };
     if !read_data {
-        return match (repo.read_pack_header(pack), fallback) {
-            (Ok(entries), _) => Ok(found(entries, true)),
-            (Err(_), Some(entries)) => Ok(found(entries, false)),
+        return match (repo.read_pack_header_and_sealer(pack), fallback) {
+            (Ok((entries, by_writer)), _) => Ok(found(entries, true, by_writer)),
+            (Err(_), Some(entries)) => Ok(found(entries, false, was_writer)),
             (Err(e), None) => Err(e),
         };
     }
@@ -209,6 +219,10 @@ fn inspect_pack(
         (Err(_), Some(entries)) => (entries, false),
         (Err(reason), None) => return Err(repo.corrupt(&name, reason)),
     };
+    let by_writer = match header_ok {
+        true => crate::pack::sealed_by_writer(repo.key(), &bytes),
+        false => was_writer,
+    };
     let before = entries.len();
     let good: Vec<PackEntry> = entries
         .into_iter()
@@ -218,6 +232,7 @@ fn inspect_pack(
         damaged_blobs: (before - good.len()) as u64,
         entries: good,
         header_ok,
+        by_writer,
     })
 }
 
