@@ -105,6 +105,17 @@ pub struct GlobalArgs {
     /// rest:https:// repository server
     #[arg(long, env = "CAIRN_CACERT", global = true, value_name = "FILE")]
     pub cacert: Option<PathBuf>,
+    /// Send to the repository at most this many KiB a second (averaged; whole objects are
+    /// sent, after waiting their turn)
+    #[arg(long, global = true, value_name = "KIB", value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit_upload: Option<u64>,
+    /// Read from the repository at most this many KiB a second
+    #[arg(long, global = true, value_name = "KIB", value_parser = clap::value_parser!(u64).range(1..))]
+    pub limit_download: Option<u64>,
+    /// Run at the lowest CPU priority (nice 19) and idle I/O priority, so that a backup
+    /// leaves the machine to everything else
+    #[arg(long, global = true)]
+    pub nice: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -137,6 +148,11 @@ pub enum Command {
     Check(CheckArgs),
     /// Remove snapshots by id or by a retention policy
     Forget(ForgetArgs),
+    /// Add, remove or replace the tags of existing snapshots
+    Tag(TagArgs),
+    /// Remove paths from existing snapshots (an accidentally backed-up secret); with
+    /// --forget and a prune afterwards, their data is gone from the repository
+    Rewrite(RewriteArgs),
     /// Delete data no snapshot needs, safely while other backups run
     Prune(PruneArgs),
     /// Repair a damaged repository
@@ -512,6 +528,21 @@ pub struct ForgetArgs {
     /// Keep snapshots taken within this long of the newest one, e.g. 1y2m3d4h
     #[arg(long, value_name = "DURATION")]
     pub keep_within: Option<String>,
+    /// Keep the newest snapshot of each hour within DURATION of the newest one
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_hourly: Option<String>,
+    /// Keep the newest snapshot of each day within DURATION of the newest one
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_daily: Option<String>,
+    /// Keep the newest snapshot of each week within DURATION of the newest one
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_weekly: Option<String>,
+    /// Keep the newest snapshot of each month within DURATION of the newest one
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_monthly: Option<String>,
+    /// Keep the newest snapshot of each year within DURATION of the newest one
+    #[arg(long, value_name = "DURATION")]
+    pub keep_within_yearly: Option<String>,
     /// Keep snapshots that carry this tag (repeatable)
     #[arg(long = "keep-tag", value_name = "TAG")]
     pub keep_tags: Vec<String>,
@@ -527,6 +558,70 @@ pub struct ForgetArgs {
     /// With --prune: repack packs with more unused space than this percentage
     #[arg(long, default_value_t = 5.0, value_name = "PERCENT")]
     pub max_unused: f64,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// `cairn tag [SNAPSHOT...] --add/--remove/--set TAG[,TAG]`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("change").required(true).multiple(true))]
+pub struct TagArgs {
+    /// Snapshots to change (ids, unique prefixes, `latest`); without any, every snapshot
+    /// the --host/--tag/--path filters select
+    #[arg(value_name = "SNAPSHOT")]
+    pub snapshots: Vec<String>,
+    /// Add these tags (comma-separated, or repeat the option)
+    #[arg(
+        long,
+        value_name = "TAG[,TAG]",
+        value_delimiter = ',',
+        group = "change"
+    )]
+    pub add: Vec<String>,
+    /// Remove these tags
+    #[arg(
+        long,
+        value_name = "TAG[,TAG]",
+        value_delimiter = ',',
+        group = "change"
+    )]
+    pub remove: Vec<String>,
+    /// Replace all tags with these (`--set ''` removes every tag)
+    #[arg(
+        long,
+        value_name = "TAG[,TAG]",
+        value_delimiter = ',',
+        group = "change"
+    )]
+    pub set: Option<Vec<String>>,
+    /// Say which snapshots would change, without changing them
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+}
+
+/// `cairn rewrite [SNAPSHOT...] --exclude GLOB [--forget]`.
+#[derive(Debug, Args)]
+pub struct RewriteArgs {
+    /// Snapshots to rewrite (ids, unique prefixes, `latest`); without any, every snapshot
+    /// the --host/--tag/--path filters select
+    #[arg(value_name = "SNAPSHOT")]
+    pub snapshots: Vec<String>,
+    /// Leave out what matches GLOB, with backup's --exclude meaning, on the absolute paths
+    /// in the snapshot (repeatable)
+    #[arg(short = 'e', long = "exclude", value_name = "GLOB")]
+    pub excludes: Vec<String>,
+    /// Read exclude patterns from FILE, one per line
+    #[arg(long = "exclude-file", value_name = "FILE")]
+    pub exclude_files: Vec<PathBuf>,
+    /// Remove each original once its new version is written (otherwise both stay); then
+    /// `cairn prune` frees what only the originals held
+    #[arg(long)]
+    pub forget: bool,
+    /// List what would be removed from each snapshot, without writing anything
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
     #[command(flatten)]
     pub filter: FilterArgs,
 }
@@ -632,6 +727,12 @@ pub struct ExcludeArgs {
     /// Read exclude patterns from FILE, one per line
     #[arg(long = "exclude-file", value_name = "FILE")]
     pub exclude_files: Vec<PathBuf>,
+    /// As --exclude, but matching names and paths without regard to case (repeatable)
+    #[arg(long = "iexclude", value_name = "GLOB")]
+    pub iexcludes: Vec<String>,
+    /// Read case-insensitive exclude patterns from FILE, one per line
+    #[arg(long = "iexclude-file", value_name = "FILE")]
+    pub iexclude_files: Vec<PathBuf>,
     /// Also honour .gitignore files (.cairnignore files are always honoured)
     #[arg(long)]
     pub git_ignore: bool,
@@ -648,9 +749,23 @@ pub struct ExcludeArgs {
 
 #[derive(Debug, Args)]
 pub struct BackupArgs {
-    /// Files and directories to back up
-    #[arg(required_unless_present = "stdin")]
+    /// Files and directories to back up (with --stdin-from-command: the command and its
+    /// arguments)
+    #[arg(required_unless_present_any = ["stdin", "files_from", "files_from_verbatim", "files_from_raw"])]
     pub paths: Vec<PathBuf>,
+    /// Also back up the paths listed in FILE, one a line; blank lines and lines starting
+    /// with '#' are skipped, spaces around a path trimmed (repeatable; `-` reads standard
+    /// input). A listed path that does not exist is an error
+    #[arg(long, value_name = "FILE")]
+    pub files_from: Vec<PathBuf>,
+    /// As --files-from, but each line is a path exactly as written ('#' and spaces
+    /// included; only empty lines are skipped)
+    #[arg(long, value_name = "FILE")]
+    pub files_from_verbatim: Vec<PathBuf>,
+    /// As --files-from, but the paths are separated by NUL bytes (`find -print0`), so
+    /// they may hold newlines
+    #[arg(long, value_name = "FILE")]
+    pub files_from_raw: Vec<PathBuf>,
     #[command(flatten)]
     pub exclude: ExcludeArgs,
     /// Tag the snapshot (repeatable, or comma-separated: `--tag a,b` gives two tags)
@@ -665,7 +780,13 @@ pub struct BackupArgs {
     /// Back up standard input as one file
     #[arg(long, conflicts_with = "paths", requires = "stdin_filename")]
     pub stdin: bool,
-    /// Name of the file that --stdin creates
+    /// Run the command given after `--` and back up its standard output as one file
+    /// (`cairn backup --stdin-from-command --stdin-filename db.sql -- pg_dump db`). If the
+    /// command fails (exit status other than 0), so does the backup, and no snapshot is
+    /// written
+    #[arg(long, conflicts_with = "stdin", requires = "stdin_filename")]
+    pub stdin_from_command: bool,
+    /// Name of the file that --stdin or --stdin-from-command creates
     #[arg(long, value_name = "NAME")]
     pub stdin_filename: Option<String>,
     /// Compare with this snapshot instead of the latest one of the same host and paths
@@ -682,6 +803,18 @@ pub struct BackupArgs {
     /// but no total or ETA
     #[arg(long)]
     pub no_scan: bool,
+    /// Do everything but write: read, compress and pack the files, then say what a
+    /// backup would add. Nothing is written to the repository
+    #[arg(short = 'n', long)]
+    pub dry_run: bool,
+    /// List new and changed files on standard output (-v); also unchanged files, and
+    /// each path left out with the pattern, ignore file, tag or limit that left it out
+    /// (-vv). With --json, in the summary's `entries`
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// The snapshot's time instead of now: "2026-03-01 12:00:00" (local time) or RFC 3339
+    #[arg(long, value_name = "TIME", value_parser = parse_time)]
+    pub time: Option<jiff::Timestamp>,
 }
 
 #[derive(Debug, Args)]
@@ -981,6 +1114,24 @@ pub fn parse_when(s: &str) -> Result<jiff::Timestamp, String> {
     Err(format!(
         "{s:?} is not a date like 2026-03-01, 2026-03-01T12:00:00 or an age like 7d"
     ))
+}
+
+/// A point in time as a snapshot records it: RFC 3339, or a local date and time
+/// (`2026-03-01 12:00:00`, `2026-03-01T12:00:00`).
+pub fn parse_time(s: &str) -> Result<jiff::Timestamp, String> {
+    let t = s.trim();
+    if let Ok(ts) = t.parse::<jiff::Timestamp>() {
+        return Ok(ts);
+    }
+    match t.parse::<jiff::civil::DateTime>() {
+        Ok(dt) => dt
+            .to_zoned(jiff::tz::TimeZone::system())
+            .map(|z| z.timestamp())
+            .map_err(|e| format!("{s:?}: {e}")),
+        Err(_) => Err(format!(
+            "{s:?} is not a time like \"2026-03-01 12:00:00\" or 2026-03-01T12:00:00Z"
+        )),
+    }
 }
 
 /// find(1)'s type letters, or cairn's type names, to cairn's type names.

@@ -298,6 +298,21 @@ pub fn set_ca_cert(path: Option<PathBuf>) {
     }
 }
 
+/// `--limit-upload` / `--limit-download`, for every store the command opens.
+static LIMITS: Mutex<cairn_core::storage::RateLimits> =
+    Mutex::new(cairn_core::storage::RateLimits {
+        upload: None,
+        download: None,
+    });
+
+/// The global options' rate limits, in KiB/s, for the stores opened from now on.
+pub fn set_rate_limits(upload_kib: Option<u64>, download_kib: Option<u64>) {
+    if let Ok(mut limits) = LIMITS.lock() {
+        limits.upload = upload_kib.map(|k| k.saturating_mul(1024));
+        limits.download = download_kib.map(|k| k.saturating_mul(1024));
+    }
+}
+
 /// The store at the repository's address: a local path, `s3:...`, `sftp:...` or
 /// `rest:...` (with the token from `CAIRN_REST_TOKEN`, else the entry's token file).
 fn storage_at(loc: &Location) -> Result<Arc<dyn Storage>> {
@@ -326,6 +341,9 @@ fn storage_at(loc: &Location) -> Result<Arc<dyn Storage>> {
     }
     if let Some(ca) = CA_CERT.lock().ok().and_then(|ca| ca.clone()) {
         options.ca_cert = Some(ca);
+    }
+    if let Ok(limits) = LIMITS.lock() {
+        options.limits = *limits;
     }
     let storage = cairn_core::storage::open_with(address, &options)?;
     if let (Some(counts), Ok(mut opened)) = (storage.request_counts(), OPENED.lock()) {

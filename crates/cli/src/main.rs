@@ -7,6 +7,7 @@ mod config;
 mod context;
 mod jobs;
 mod mount;
+mod nice;
 mod output;
 mod progress;
 mod signals;

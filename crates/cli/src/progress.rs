@@ -156,6 +156,14 @@ impl Progress {
         }
     }
 
+    /// Runs `f` with the bar hidden, to print lines above it.
+    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        match self.bar.get() {
+            Some(bar) => bar.suspend(f),
+            None => f(),
+        }
+    }
+
     /// Stops the pre-scan when the command ends.
     pub fn stop_on_finish(&mut self, stop: scan::StopHandle) {
         self.scan_stop = Some(stop);

@@ -53,6 +53,16 @@ pub enum Error {
         candidates: Vec<String>,
     },
 
+    #[error(
+        "The command of {name} ({command}) {status}; no snapshot was written. Its output \
+         is backed up only when it succeeds"
+    )]
+    CommandFailed {
+        name: String,
+        command: String,
+        status: String,
+    },
+
     #[error("{location} is not a cairn repository (no config file); create one with `cairn init`")]
     NotARepository { location: String },
 

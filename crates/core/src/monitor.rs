@@ -3,6 +3,20 @@
 
 use std::path::Path;
 
+use crate::ops::exclude::ExcludeReason;
+
+/// What a backup did with a file, compared with the parent snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileChange {
+    /// Not in the parent snapshot: read.
+    New,
+    /// In the parent snapshot with other metadata: read again.
+    Changed,
+    /// Metadata as in the parent snapshot: its content kept without reading.
+    Unchanged,
+}
+
 pub trait Monitor: Sync {
     /// Something went wrong with one path; the operation skipped it and goes on. The
     /// operation also counts it in its report, so the exit code can say so.
@@ -19,6 +33,18 @@ pub trait Monitor: Sync {
     /// A file has been completely handled (`bytes` of content).
     fn file_done(&self, path: &Path, bytes: u64) {
         let _ = (path, bytes);
+    }
+
+    /// Backup has decided about regular file `path` (called once per file, after
+    /// `file_done` for one that was read).
+    fn file_change(&self, path: &Path, change: FileChange) {
+        let _ = (path, change);
+    }
+
+    /// A walk of live files left `path` out, for `reason` (a directory is left out whole
+    /// and nothing below it is reported).
+    fn excluded(&self, path: &Path, reason: &ExcludeReason) {
+        let _ = (path, reason);
     }
 
     /// `bytes` more of file content are handled: read (in steps as a large file streams

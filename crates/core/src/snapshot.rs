@@ -16,6 +16,11 @@ pub struct Snapshot {
     /// The root tree: `/`, holding the backed-up paths.
     pub tree: BlobId,
     pub parent: Option<SnapshotId>,
+    /// The snapshot this one replaced (`tag`, `rewrite`): its first version, which kept
+    /// the same time. Absent in snapshots written by a backup, and in those of cairn
+    /// before 0.2 (a reader that does not know the field ignores it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original: Option<SnapshotId>,
     pub program_version: String,
     pub summary: SnapshotSummary,
 }
@@ -93,6 +98,7 @@ mod filter_tests {
             tags: tags.iter().map(|t| t.to_string()).collect(),
             tree: BlobId([0; 32]),
             parent: None,
+            original: None,
             program_version: String::new(),
             summary: SnapshotSummary::default(),
         }

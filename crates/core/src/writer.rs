@@ -277,6 +277,17 @@ impl Buffers {
 
 impl<'r> BlobWriter<'r> {
     pub(crate) fn new(repo: &'r Repository) -> Self {
+        Self::start(repo, true)
+    }
+
+    /// A writer that does everything but store: blobs are compressed, sealed and packed
+    /// (so its report counts what a real run would add) and the packs dropped. For
+    /// `backup --dry-run`: nothing reaches the repository or its cache.
+    pub(crate) fn dry_run(repo: &'r Repository) -> Self {
+        Self::start(repo, false)
+    }
+
+    fn start(repo: &'r Repository, store: bool) -> Self {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let (job_tx, job_rx) = bounded::<Job>(threads * 2);
         let (sealed_tx, sealed_rx) = bounded::<Sealed>(threads * 2);
@@ -298,10 +309,10 @@ impl<'r> BlobWriter<'r> {
             })
             .collect();
         drop(sealed_tx);
-        let storage = Arc::clone(repo.storage());
+        let storage = store.then(|| Arc::clone(repo.storage()));
         let key = Arc::clone(repo.key());
         let pack_size = repo.config().pack_size as usize;
-        let cache = repo.cache().cloned();
+        let cache = repo.cache().cloned().filter(|_| store);
         let added = SharedAdded::default();
         let packer_added = Arc::clone(&added);
         // The largest chunk can always enter, with two average ones per sealer beside it
@@ -531,7 +542,7 @@ fn seal_loop(
 /// own: a command that needs only trees (ls, find, an incremental backup on a cold
 /// cache) then fetches a few tree packs whole rather than one range per tree.
 fn pack_loop(
-    storage: Arc<dyn Storage>,
+    storage: Option<Arc<dyn Storage>>,
     key: &MasterKey,
     pack_size: usize,
     cache: Option<&Cache>,
@@ -548,7 +559,9 @@ fn pack_loop(
     let mut store = |pack: PackWriter, report: &mut WriterReport| -> Result<Option<Vec<u8>>> {
         let (id, mut bytes, entries) = pack.finish(key);
         let started = Instant::now();
-        storage.write(&id.storage_name(), &bytes)?;
+        if let Some(storage) = &storage {
+            storage.write(&id.storage_name(), &bytes)?;
+        }
         report.write_time += started.elapsed();
         report.stored_bytes_added += bytes.len() as u64;
         if let Some(cache) = cache {
@@ -582,7 +595,9 @@ fn pack_loop(
             let bytes = IndexFile::new(std::mem::take(&mut report.unindexed)).seal(key);
             unindexed_blobs = 0;
             let started = Instant::now();
-            storage.write(&IndexId::of_bytes(&bytes).storage_name(), &bytes)?;
+            if let Some(storage) = &storage {
+                storage.write(&IndexId::of_bytes(&bytes).storage_name(), &bytes)?;
+            }
             report.write_time += started.elapsed();
             return Ok(None);
         }

@@ -187,6 +187,7 @@ fn valid_snapshot() -> Vec<u8> {
         tags: vec!["daily".into()],
         tree: BlobId([3; 32]),
         parent: Some(SnapshotId([4; 32])),
+        original: None,
         program_version: "0.1.0".into(),
         summary: SnapshotSummary {
             files: 1,

@@ -38,7 +38,7 @@ fn rest_backend_passes_the_storage_suite() {
         &format!("rest:http://{addr}/suite"),
         &OpenOptions {
             rest_token: Some(token),
-            ca_cert: None,
+            ..Default::default()
         },
     )
     .expect("open the REST store");
@@ -67,7 +67,7 @@ fn a_refused_upload_is_answered_with_its_reason_not_a_cut_connection() {
         &format!("rest:http://{addr}/home"),
         &OpenOptions {
             rest_token: Some(token),
-            ca_cert: None,
+            ..Default::default()
         },
     )
     .expect("open the REST store");

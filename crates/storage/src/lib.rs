@@ -9,6 +9,7 @@
 
 mod counts;
 mod error;
+mod limit;
 mod local;
 mod location;
 mod name;
@@ -19,6 +20,7 @@ pub mod testsuite;
 
 pub use counts::RequestCounts;
 pub use error::{Result, StorageError};
+pub use limit::{Limited, RateLimits};
 pub use local::{LocalStorage, PendingWrite};
 pub use location::{open, open_with, Location, OpenOptions};
 pub use remote::{RemoteStorage, S3Config, SftpConfig};

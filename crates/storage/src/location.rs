@@ -206,6 +206,8 @@ pub struct OpenOptions {
     /// A PEM file of certificate authorities to trust for `rest:https://` instead of the
     /// system's.
     pub ca_cert: Option<PathBuf>,
+    /// `--limit-upload` / `--limit-download`: the store is wrapped in [`crate::Limited`].
+    pub limits: crate::RateLimits,
 }
 
 impl OpenOptions {
@@ -215,6 +217,7 @@ impl OpenOptions {
         OpenOptions {
             rest_token: env(crate::rest::TOKEN_VAR),
             ca_cert: env("CAIRN_CACERT").map(PathBuf::from),
+            limits: crate::RateLimits::default(),
         }
     }
 }
@@ -249,7 +252,7 @@ pub fn open_with(address: &str, options: &OpenOptions) -> Result<Arc<dyn Storage
             }
         }
     }
-    Ok(match location {
+    let store: Arc<dyn Storage> = match location {
         Location::Local(path) => Arc::new(LocalStorage::new(path)),
         Location::S3(config) => Arc::new(RemoteStorage::s3(&config, address.to_string())?),
         Location::Sftp(config) => Arc::new(RemoteStorage::sftp(&config, address.to_string())?),
@@ -261,7 +264,8 @@ pub fn open_with(address: &str, options: &OpenOptions) -> Result<Arc<dyn Storage
             };
             Arc::new(RestStorage::new(&config, address.to_string())?)
         }
-    })
+    };
+    Ok(crate::Limited::wrap(store, options.limits))
 }
 
 #[cfg(test)]

@@ -11,6 +11,15 @@ use crate::context;
 use crate::output;
 use crate::progress::Progress;
 
+/// A `--keep-within*` duration.
+fn within(value: &Option<String>, option: &str) -> Result<Option<jiff::Span>> {
+    value
+        .as_deref()
+        .map(forget::parse_within)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{option}: {e}"))
+}
+
 pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
     let policy = KeepPolicy {
         last: a.keep_last,
@@ -19,12 +28,12 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
         weekly: a.keep_weekly,
         monthly: a.keep_monthly,
         yearly: a.keep_yearly,
-        within: a
-            .keep_within
-            .as_deref()
-            .map(forget::parse_within)
-            .transpose()
-            .map_err(anyhow::Error::msg)?,
+        within: within(&a.keep_within, "--keep-within")?,
+        within_hourly: within(&a.keep_within_hourly, "--keep-within-hourly")?,
+        within_daily: within(&a.keep_within_daily, "--keep-within-daily")?,
+        within_weekly: within(&a.keep_within_weekly, "--keep-within-weekly")?,
+        within_monthly: within(&a.keep_within_monthly, "--keep-within-monthly")?,
+        within_yearly: within(&a.keep_within_yearly, "--keep-within-yearly")?,
         tags: a.keep_tags.clone(),
     };
     let group_by: GroupBy = a.group_by.parse().map_err(anyhow::Error::msg)?;

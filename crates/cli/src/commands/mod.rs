@@ -17,6 +17,7 @@ mod init;
 mod key;
 mod repair;
 mod restore;
+mod rewrite;
 mod run;
 mod schedule;
 mod serve;
@@ -37,6 +38,10 @@ pub fn exclude_options(a: &ExcludeArgs) -> Result<ExcludeOptions> {
     for file in &a.exclude_files {
         excludes.extend(Excludes::read_file(file)?);
     }
+    let mut iexcludes = a.iexcludes.clone();
+    for file in &a.iexclude_files {
+        iexcludes.extend(Excludes::read_file(file)?);
+    }
     let mut ignore_files = Vec::new();
     if a.git_ignore {
         ignore_files.push(".gitignore".into());
@@ -44,6 +49,7 @@ pub fn exclude_options(a: &ExcludeArgs) -> Result<ExcludeOptions> {
     ignore_files.push(".cairnignore".into());
     Ok(ExcludeOptions {
         excludes,
+        iexcludes,
         ignore_files,
         exclude_if_present: a.exclude_if_present.clone(),
         exclude_caches: a.exclude_caches,
@@ -83,6 +89,10 @@ pub fn snapshot_filter(a: &FilterArgs) -> Result<SnapshotFilter> {
 pub fn run(cli: Cli) -> Result<u8> {
     let g = &cli.global;
     crate::context::set_ca_cert(g.cacert.clone());
+    crate::context::set_rate_limits(g.limit_upload, g.limit_download);
+    if g.nice {
+        crate::nice::lower_priority();
+    }
     match cli.command {
         Command::Init(a) => init::run(g, a),
         Command::Backup(a) => backup::run(g, a),
@@ -98,6 +108,8 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Chunk(a) => chunk::run(g, a),
         Command::Check(a) => check::run(g, a),
         Command::Forget(a) => forget::run(g, a),
+        Command::Tag(a) => rewrite::tag(g, a),
+        Command::Rewrite(a) => rewrite::rewrite(g, a),
         Command::Prune(a) => forget::prune(g, a.max_unused, a.dry_run),
         Command::Repair(r) => repair::run(g, r),
         Command::Config(c) => config::run(g, c),

@@ -69,10 +69,11 @@ pub struct Job {
     pub limits: Limits,
     #[serde(default)]
     pub notify: Vec<Target>,
-    /// Refused while it is read: see `not_supported`.
-    #[serde(default, deserialize_with = "commands_not_supported")]
-    #[allow(dead_code)]
-    commands: Option<()>,
+    /// `commands = { "db.sql" = "pg_dump db" }`: each command's output (run with `sh
+    /// -c`) stored as a file of that name at the snapshot's root; a failing command fails
+    /// the backup.
+    #[serde(default, deserialize_with = "command_names")]
+    pub commands: std::collections::BTreeMap<String, String>,
 }
 
 /// `keep = { daily = 7, ... }`: forget's policy, run after every backup.
@@ -138,12 +139,19 @@ impl TryFrom<String> for SubsetText {
     }
 }
 
-fn commands_not_supported<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<()>, D::Error> {
-    let _ = toml::Value::deserialize(d)?;
-    Err(serde::de::Error::custom(
-        "`commands` (a command's output stored as a file) is not supported yet: \
-         run the command in a `before` hook that writes a file under the job's paths",
-    ))
+/// The file names of `commands`, checked as the backup will check them: plain names.
+fn command_names<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<std::collections::BTreeMap<String, String>, D::Error> {
+    let commands = std::collections::BTreeMap::<String, String>::deserialize(d)?;
+    for name in commands.keys() {
+        if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+            return Err(serde::de::Error::custom(format!(
+                "{name:?} cannot name a command's output: give a plain file name, such as \"db.sql\""
+            )));
+        }
+    }
+    Ok(commands)
 }
 
 fn upload_not_supported<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<()>, D::Error> {
@@ -388,12 +396,9 @@ mod tests {
         let e = err("[jobs.home]\npaths = [\"/\"]\n");
         assert!(e.contains("repos") && e.contains("line 1"), "{e}");
         let e = err(&format!(
-            "{REPOS}[jobs.home]\npaths = [\"/\"]\nrepos = [\"@nas\"]\ncommands = {{ a = \"b\" }}\n"
+            "{REPOS}[jobs.home]\npaths = [\"/\"]\nrepos = [\"@nas\"]\ncommands = {{ \"a/b\" = \"c\" }}\n"
         ));
-        assert!(
-            e.contains("not supported yet") && e.contains("line 7"),
-            "{e}"
-        );
+        assert!(e.contains("plain file name") && e.contains("line 7"), "{e}");
         let e = err(&format!(
             "{REPOS}[jobs.home]\npaths = [\"/\"]\nrepos = [\"@nas\"]\nkeep = {{ tags = [] }}\n"
         ));

@@ -127,6 +127,11 @@ pub fn keep_policy(keep: &Keep) -> Result<KeepPolicy, String> {
         weekly: keep.weekly,
         monthly: keep.monthly,
         yearly: keep.yearly,
+        within_hourly: None,
+        within_daily: None,
+        within_weekly: None,
+        within_monthly: None,
+        within_yearly: None,
         within: keep
             .within
             .as_deref()
@@ -389,6 +394,8 @@ fn backup_into(
         exclude_if_present: job.exclude_if_present.iter().map(Into::into).collect(),
         exclude_caches: job.exclude_caches,
         exclude_larger_than: job.exclude_larger_than.map(|s| s.0),
+        iexcludes: Vec::new(),
+        iexclude_files: Vec::new(),
     })?;
     let mut repo = context::open_without_index(g)?;
     let opts = BackupOptions {
@@ -401,9 +408,19 @@ fn backup_into(
         parent: None,
         force: false,
         read_threads: job.limits.threads.map_or(0, usize::from),
+        dry_run: false,
+        time: None,
+        commands: job
+            .commands
+            .iter()
+            .map(|(name, line)| backup::CommandSource::shell(name, line))
+            .collect(),
     };
     let report = backup::backup(&mut repo, &opts, monitor)?;
-    Ok((report.snapshot_id, report.stats))
+    let id = report
+        .snapshot_id
+        .ok_or_else(|| anyhow::anyhow!("the backup wrote no snapshot"))?;
+    Ok((id, report.stats))
 }
 
 /// Copies snapshot `id` of the repository of `src` into that of `dst`; the id it has there.

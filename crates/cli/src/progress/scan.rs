@@ -1,26 +1,28 @@
 //! The backup's pre-scan: a thread that walks the backup paths ahead of the backup,
 //! `lstat` only, and adds what it finds to the progress totals, so that the bar has an
-//! end and an ETA. It is an estimate: it applies `--exclude`, `--one-file-system` and
-//! `--exclude-larger-than` as the backup does, but not ignore files or cache tags, and it
-//! counts files as they are now, not as the backup reads them. It never reads a file's
-//! contents and never reports a problem (the backup reports those).
+//! end and an ETA. It leaves out what the backup leaves out, through the core's own
+//! decision (`ExcludeOptions::why_excluded`: patterns, ignore files, tagged directories,
+//! sizes, other filesystems), but it counts files as they are now, not as the backup reads
+//! them, so it is an estimate. It never reads a file's contents (ignore files and tags
+//! aside) and never reports a problem (the backup reports those).
 
-use std::fs::Metadata;
+use std::fs::{DirEntry, Metadata};
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use cairn_core::ops::exclude::Excludes;
+use cairn_core::ops::exclude::{ExcludeOptions, Excludes};
+use cairn_core::ops::ignore_files::IgnoreStack;
 
 use super::Feed;
 
 /// What the walk leaves out, from the backup's own options.
 pub struct ScanOptions {
     pub paths: Vec<PathBuf>,
+    pub exclude: ExcludeOptions,
     pub excludes: Excludes,
     pub one_file_system: bool,
-    pub exclude_larger_than: Option<u64>,
 }
 
 /// Stops the walk when the backup has ended before it.
@@ -39,6 +41,8 @@ pub fn spawn(opts: ScanOptions, feed: Feed) -> StopHandle {
     let stopped = stop.clone();
     let started = std::thread::Builder::new()
         .name("prescan".into())
+        // The walk recurses once per directory level, as the ignore files nest.
+        .stack_size(16 << 20)
         .spawn(move || {
             let mut feed = feed;
             if walk(&opts, &mut feed, &stopped) {
@@ -54,6 +58,7 @@ pub fn spawn(opts: ScanOptions, feed: Feed) -> StopHandle {
 
 /// Whether the walk went through to the end.
 fn walk(opts: &ScanOptions, feed: &mut Feed, stop: &AtomicBool) -> bool {
+    let mut ignores = IgnoreStack::default();
     for root in &opts.paths {
         let Ok(root) = cairn_core::ops::backup::lexical_absolute(root) else {
             continue;
@@ -61,43 +66,75 @@ fn walk(opts: &ScanOptions, feed: &mut Feed, stop: &AtomicBool) -> bool {
         let Ok(md) = std::fs::symlink_metadata(&root) else {
             continue;
         };
-        let device = md.dev();
-        if !md.is_dir() {
-            count(opts, &md, feed);
+        let excluded =
+            (opts.exclude).why_excluded(&opts.excludes, &ignores, &root, &md, true, None);
+        if excluded.is_some() {
             continue;
         }
-        let mut dirs = vec![root];
-        while let Some(dir) = dirs.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                if stop.load(Ordering::Relaxed) {
-                    return false;
-                }
-                let path = entry.path();
-                if opts.excludes.matches(&path) {
-                    continue;
-                }
-                // DirEntry::metadata does not follow symlinks, as backup's lstat.
-                let Ok(md) = entry.metadata() else {
-                    continue;
-                };
-                if md.is_dir() {
-                    if !(opts.one_file_system && md.dev() != device) {
-                        dirs.push(path);
-                    }
-                } else {
-                    count(opts, &md, feed);
-                }
-            }
+        if !md.is_dir() {
+            count(&md, feed);
+            continue;
+        }
+        let device = opts.one_file_system.then_some(md.dev());
+        if !walk_dir(opts, &root, device, &mut ignores, feed, stop) {
+            return false;
         }
     }
     true
 }
 
-fn count(opts: &ScanOptions, md: &Metadata, feed: &mut Feed) {
-    if md.is_file() && opts.exclude_larger_than.is_none_or(|max| md.len() <= max) {
+/// Counts what backup would take below `dir`; whether it went through to the end.
+fn walk_dir(
+    opts: &ScanOptions,
+    dir: &Path,
+    device: Option<u64>,
+    ignores: &mut IgnoreStack,
+    feed: &mut Feed,
+    stop: &AtomicBool,
+) -> bool {
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return true;
+    };
+    let entries: Vec<DirEntry> = listing.flatten().collect();
+    let present = |name: &std::ffi::OsStr| entries.iter().any(|e| e.file_name() == name);
+    // A file that cannot be read or parsed: the backup reports it; count without it.
+    let pushed = matches!(
+        ignores.push_dir(dir, &opts.exclude.ignore_files, present),
+        Ok((true, _))
+    );
+    let mut complete = true;
+    for entry in &entries {
+        if stop.load(Ordering::Relaxed) {
+            complete = false;
+            break;
+        }
+        let path = entry.path();
+        // DirEntry::metadata does not follow symlinks, as backup's lstat.
+        let Ok(md) = entry.metadata() else {
+            continue;
+        };
+        let excluded =
+            (opts.exclude).why_excluded(&opts.excludes, ignores, &path, &md, false, device);
+        if excluded.is_some() {
+            continue;
+        }
+        if md.is_dir() {
+            if !walk_dir(opts, &path, device, ignores, feed, stop) {
+                complete = false;
+                break;
+            }
+        } else {
+            count(&md, feed);
+        }
+    }
+    if pushed {
+        ignores.pop();
+    }
+    complete
+}
+
+fn count(md: &Metadata, feed: &mut Feed) {
+    if md.is_file() {
         feed.add(1, md.len());
     }
 }
@@ -119,11 +156,14 @@ mod tests {
             no_cache: false,
             cache_dir: None,
             cacert: None,
+            limit_upload: None,
+            limit_download: None,
+            nice: false,
         }
     }
 
     #[test]
-    fn the_walk_counts_regular_files_and_leaves_out_excluded_ones() {
+    fn the_walk_counts_regular_files_and_leaves_out_what_backup_leaves_out() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         std::fs::create_dir_all(d.join("a/skip")).unwrap();
@@ -133,16 +173,31 @@ mod tests {
         std::fs::write(d.join("big"), vec![0u8; 100]).unwrap();
         std::os::unix::fs::symlink("one", d.join("a/link")).unwrap();
         let progress = Progress::files(&quiet(), "backup");
+        std::fs::create_dir_all(d.join("c/cache")).unwrap();
+        std::fs::write(d.join("c/.cairnignore"), "*.tmp\n").unwrap();
+        std::fs::write(d.join("c/x.tmp"), b"1234").unwrap();
+        let mut tag = cairn_core::ops::ignore_files::CACHEDIR_SIGNATURE.to_vec();
+        tag.extend_from_slice(b"\n");
+        std::fs::write(d.join("c/cache/CACHEDIR.TAG"), tag).unwrap();
+        std::fs::write(d.join("c/cache/blob"), b"12").unwrap();
+        let exclude = ExcludeOptions {
+            excludes: vec!["*.o".into(), "skip".into()],
+            ignore_files: vec![".cairnignore".into()],
+            exclude_caches: true,
+            exclude_larger_than: Some(50),
+            ..Default::default()
+        };
         let opts = ScanOptions {
             paths: vec![d.to_path_buf()],
-            excludes: Excludes::new(&["*.o".into(), "skip".into()]).unwrap(),
+            excludes: Excludes::of(&exclude).unwrap(),
+            exclude,
             one_file_system: false,
-            exclude_larger_than: Some(50),
         };
         let mut feed = progress.feed();
         assert!(walk(&opts, &mut feed, &AtomicBool::new(false)));
         feed.complete();
-        assert_eq!(progress.shared.totals(), Some((1, 5)));
+        // a/one and c/.cairnignore: not the ignored x.tmp, nor anything in the cache.
+        assert_eq!(progress.shared.totals(), Some((2, 5 + 6)));
     }
 
     #[test]
@@ -153,8 +208,8 @@ mod tests {
         let opts = ScanOptions {
             paths: vec![dir.path().to_path_buf()],
             excludes: Excludes::new(&[]).unwrap(),
+            exclude: ExcludeOptions::default(),
             one_file_system: false,
-            exclude_larger_than: None,
         };
         assert!(!walk(&opts, &mut progress.feed(), &AtomicBool::new(true)));
     }

@@ -269,6 +269,45 @@ fn a_job_to_two_repositories_reads_the_sources_once_and_both_restore_exactly() {
     }
 }
 
+/// `commands = { NAME = COMMAND }`: each command's output is a file of the snapshot, in
+/// both repositories; a failing command fails the job and writes no snapshot.
+#[test]
+fn a_jobs_commands_store_their_output_and_a_failing_one_fails_the_job() {
+    let env = jobs_env("");
+    let src = env.path("src");
+    let job = |command: &str| {
+        format!(
+            "[jobs.db]\npaths = [\"{}\"]\nrepos = [\"@a\", \"@b\"]\ncommands = {{ \"db.sql\" = \"{command}\" }}\n",
+            src.display()
+        )
+    };
+    write_config(&env, &job("echo dump of the database; echo second line"));
+    let (code, reports) = run_json(&env, &["db"]);
+    assert_eq!(code, 0, "{reports:#}");
+    for repo in ["@a", "@b"] {
+        let out = env
+            .bare_cmd()
+            .args(["-r", repo, "dump", "latest", "/db.sql"])
+            .output()
+            .unwrap();
+        assert_success(&out, "dump the command's output");
+        assert_eq!(
+            stdout(&out),
+            "dump of the database\nsecond line\n",
+            "{repo}"
+        );
+    }
+    write_config(&env, &job("echo partial; exit 3"));
+    let (code, reports) = run_json(&env, &["db"]);
+    assert_eq!(code, 1, "{reports:#}");
+    assert_eq!(reports[0]["status"], "failure", "{reports:#}");
+    assert_eq!(
+        snapshots_of(&env, "@a").len(),
+        1,
+        "no snapshot of the failed run"
+    );
+}
+
 #[test]
 fn one_failing_repository_does_not_stop_the_others() {
     let env = jobs_env("");

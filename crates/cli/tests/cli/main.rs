@@ -3,6 +3,7 @@
 
 mod authenticated;
 mod backup;
+mod backup_options;
 mod chunk;
 mod common;
 mod config_file;
@@ -39,6 +40,7 @@ mod restore_filters;
 mod restore_race;
 mod restore_untrusted;
 mod serve;
+mod snapshot_edits;
 mod snapshot_filters;
 mod stats;
 mod trust_concurrency;

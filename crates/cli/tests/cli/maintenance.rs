@@ -279,3 +279,55 @@ fn prune_removes_temporary_files_older_than_the_grace_period_only() {
     let out = env.cmd().args(["check", "--read-data"]).output().unwrap();
     assert_success(&out, "check after prune");
 }
+
+#[test]
+fn forget_keep_within_daily_keeps_the_newest_of_each_day_inside_the_span() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("f"), b"x");
+    let times = [
+        "2026-01-01T10:00:00Z",
+        "2026-01-01T20:00:00Z",
+        "2026-01-02T10:00:00Z",
+        "2026-01-09T10:00:00Z",
+        "2026-02-01T10:00:00Z",
+    ];
+    for t in times {
+        env.backup(&[&src], &["--time", t]);
+    }
+    let out = env
+        .cmd()
+        .args(["forget", "--keep-within-daily", "1m"])
+        .output()
+        .unwrap();
+    assert_success(&out, "forget --keep-within-daily 1m");
+    let mut left: Vec<String> = env
+        .snapshots()
+        .iter()
+        .map(|s| s["time"].as_str().unwrap().to_string())
+        .collect();
+    left.sort();
+    // A month back from Feb 1 10:00 is Jan 1 10:00: Jan 1 is inside, and its newest
+    // (20:00) is kept.
+    assert_eq!(left, &times[1..], "{}", stdout(&out));
+    assert!(stdout(&out).contains("within-daily"), "{}", stdout(&out));
+
+    let out = env
+        .cmd()
+        .args(["forget", "--keep-within-weekly", "7d"])
+        .output()
+        .unwrap();
+    assert_success(&out, "forget --keep-within-weekly 7d");
+    assert_eq!(env.snapshots().len(), 1);
+    let out = env
+        .cmd()
+        .args(["forget", "--keep-within-hourly", "5x"])
+        .output()
+        .unwrap();
+    assert_exit(&out, 1, "a bad duration");
+    assert!(
+        stderr(&out).contains("--keep-within-hourly"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -180,3 +180,63 @@ fn help_groups_global_options_and_lists_the_environment_and_exit_codes() {
         }
     }
 }
+
+/// Rate limits hold a transfer to at least bytes/rate seconds: a lower bound the limiter
+/// enforces by waiting, so a slow machine cannot make this fail.
+#[test]
+fn limit_upload_and_download_hold_transfers_to_their_rate() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("random.bin"), &random_bytes(600_000, 21));
+    let started = std::time::Instant::now();
+    env.backup(&[&src], &["--limit-upload", "200"]);
+    let upload = started.elapsed();
+    // 600,000 bytes of packs at 200 KiB/s: at least 2.9 s.
+    assert!(upload.as_secs_f64() >= 2.8, "backup took {upload:?}");
+
+    let target = env.path("restored");
+    let started = std::time::Instant::now();
+    env.restore("latest", &target, &["--limit-download", "200"]);
+    let download = started.elapsed();
+    assert!(download.as_secs_f64() >= 2.8, "restore took {download:?}");
+    assert_eq!(
+        std::fs::read(restored_path(&target, &src.join("random.bin"))).unwrap(),
+        random_bytes(600_000, 21)
+    );
+}
+
+/// `--nice` lowers the priority of cairn and of what it starts: the command of
+/// `--stdin-from-command` reports its own.
+#[test]
+fn nice_lowers_the_cpu_and_io_priority() {
+    let env = TestEnv::with_repo();
+    let out = env
+        .cmd()
+        .args([
+            "--nice",
+            "backup",
+            "--stdin-from-command",
+            "--stdin-filename",
+            "prio",
+        ])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "cat /proc/self/stat; ionice 2>/dev/null || true",
+        ])
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn --nice backup");
+    let cat = env.cmd().args(["cat", "latest", "/prio"]).output().unwrap();
+    assert_success(&cat, "cat /prio");
+    let text = String::from_utf8_lossy(&cat.stdout).to_string();
+    let stat = text.lines().next().unwrap_or_default();
+    // Fields after "pid (comm)": state is field 3, nice field 19.
+    let after = &stat[stat.rfind(')').expect("a stat line") + 1..];
+    let nice: i32 = after.split_whitespace().nth(16).unwrap().parse().unwrap();
+    assert_eq!(nice, 19, "{stat}");
+    if let Some(io) = text.lines().nth(1) {
+        assert!(io.starts_with("idle"), "ionice says {io:?}");
+    }
+}

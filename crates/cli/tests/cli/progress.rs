@@ -137,6 +137,34 @@ fn backup_json_events_end_at_the_backups_files_and_bytes() {
     assert_eq!(json_u64(last, "files_done"), backed_up, "{last}");
 }
 
+/// Issue 21, problem 14: the pre-scan counted what ignore files and cache tags leave out,
+/// so the bar ended short of its total.
+#[test]
+fn the_prescan_leaves_out_what_ignore_files_and_cache_tags_leave_out() {
+    let env = TestEnv::with_small_chunk_repo();
+    let (src, _) = tree(&env);
+    // Leaves out skipped.o and sub/small1.txt, sub/small10..19.txt.
+    write_file(&src.join(".cairnignore"), b"*.o\nsmall1*.txt\n");
+    let mut tag = b"Signature: 8a477f597d28d172789f06886806bc55".to_vec();
+    tag.push(b'\n');
+    write_file(&src.join("cache/CACHEDIR.TAG"), &tag);
+    for i in 0..5 {
+        write_file(&src.join(format!("cache/c{i}")), &random_bytes(100_000, i));
+    }
+    let (report, events) = run_json(&env, &["backup", "--exclude-caches"], &[&src]);
+    let last = last_event(&events, "backup");
+    let backed_up = json_u64(&report, "files_new");
+    // big, mid, .cairnignore and small0, small2..9.
+    assert_eq!(backed_up, 12, "{report}");
+    let total_bytes = json_u64(&report, "total_bytes");
+    assert!(json_u64(last, "files_total") <= backed_up, "{last}");
+    assert!(json_u64(last, "bytes_total") <= total_bytes, "{last}");
+    if last["totals_complete"] == true {
+        assert_eq!(json_u64(last, "files_total"), backed_up, "{last}");
+        assert_eq!(json_u64(last, "bytes_total"), total_bytes, "{last}");
+    }
+}
+
 #[test]
 fn backup_no_scan_reports_no_totals() {
     let env = TestEnv::with_small_chunk_repo();

@@ -66,6 +66,7 @@ pub(crate) fn plant_tree_with_name(repo: &Path, name: &[u8]) -> BlobId {
         tags: vec![],
         tree: root,
         parent: None,
+        original: None,
         program_version: "test".into(),
         summary: SnapshotSummary::default(),
     })

@@ -18,8 +18,8 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::fsmeta::{self, NameCache};
 use crate::id::{BlobId, PackId, SnapshotId};
-use crate::monitor::Monitor;
-use crate::ops::exclude::{ExcludeOptions, Excludes};
+use crate::monitor::{FileChange, Monitor};
+use crate::ops::exclude::{ExcludeOptions, ExcludeReason, Excludes};
 use crate::ops::ignore_files::IgnoreStack;
 use crate::ops::ingest::{self, Context, FileContent, Outcome, Pool, Timings, Work};
 use crate::ops::walk::{Entry, Lookahead};
@@ -46,6 +46,45 @@ pub struct BackupOptions {
     pub force: bool,
     /// Threads reading files (0: as many as cores, at least 4: reads wait on the disk).
     pub read_threads: usize,
+    /// Walk, read, compress and pack as a backup does, but write nothing to the
+    /// repository: no session, pack, index or snapshot. The report (and the monitor's
+    /// `file_change` and `excluded`) say what a backup would do and add. `commands` still
+    /// run: their output is what would be stored.
+    pub dry_run: bool,
+    /// The snapshot's time; `None`: when it is written.
+    pub time: Option<jiff::Timestamp>,
+    /// Commands whose standard output is stored, each as one file at the snapshot's root
+    /// beside the paths' top directories (`backup --stdin-from-command`, a job's
+    /// `commands`). They run one after the other, after the walk; a command that cannot
+    /// be started or exits unsuccessfully fails the backup, and no snapshot is written.
+    pub commands: Vec<CommandSource>,
+}
+
+/// A command whose output a backup stores as the file `name` at the snapshot's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSource {
+    /// A plain file name (no `/`), distinct from the other commands' and from the first
+    /// component of every backed-up path.
+    pub name: String,
+    /// The program and its arguments, run without a shell, with standard input from
+    /// `/dev/null` and standard error passed through.
+    pub argv: Vec<std::ffi::OsString>,
+}
+
+impl CommandSource {
+    /// A command line for `sh -c`, as a config file writes it (`"pg_dump db"`).
+    pub fn shell(name: &str, command_line: &str) -> CommandSource {
+        CommandSource {
+            name: name.to_string(),
+            argv: vec!["sh".into(), "-c".into(), command_line.into()],
+        }
+    }
+
+    /// The command as a person would type it, for messages.
+    pub fn display(&self) -> String {
+        let words: Vec<_> = self.argv.iter().map(|a| a.to_string_lossy()).collect();
+        words.join(" ")
+    }
 }
 
 /// A path that could not be backed up, and why.
@@ -110,7 +149,9 @@ pub struct PhaseTimes {
 
 #[derive(Debug)]
 pub struct BackupReport {
-    pub snapshot_id: SnapshotId,
+    /// The snapshot written; `None` for a dry run.
+    pub snapshot_id: Option<SnapshotId>,
+    /// The snapshot written, or for a dry run the one that would have been.
     pub snapshot: Snapshot,
     pub parent: Option<SnapshotId>,
     pub stats: BackupStats,
@@ -121,12 +162,17 @@ pub struct BackupReport {
 /// Registers a backup session, then (re)reads the trash and the index and records the
 /// trash generation it honours: from here on, prune will not delete a pack this backup
 /// may build on. Packs that unfinished backups left in no index are adopted.
-fn begin(repo: &mut Repository, host: &str) -> Result<(Session, u64)> {
-    let session = Session::start(repo, SessionKind::Backup, host)?;
+/// A dry run only reads the index: it writes nothing, so prune need not know of it.
+fn begin(repo: &mut Repository, opts: &BackupOptions) -> Result<(Option<Session>, u64)> {
+    if opts.dry_run {
+        repo.load_index()?;
+        return Ok((None, 0));
+    }
+    let session = Session::start(repo, SessionKind::Backup, &opts.host)?;
     let observed = repo.load_index()?;
     session.observe(observed)?;
     let adopted = adopt_after_ended_sessions(repo, &session)?;
-    Ok((session, adopted))
+    Ok((Some(session), adopted))
 }
 
 /// A session that ended without finishing may have stored packs after its last index
@@ -163,11 +209,16 @@ pub fn backup(
     monitor: &dyn Monitor,
 ) -> Result<BackupReport> {
     let started = Instant::now();
-    let paths = normalize_paths(&opts.paths)?;
-    let (session, adopted) = begin(repo, &opts.host)?;
+    let paths = match opts.paths.is_empty() && !opts.commands.is_empty() {
+        true => Vec::new(),
+        false => normalize_paths(&opts.paths)?,
+    };
+    check_command_names(&opts.commands, &paths)?;
+    let (session, adopted) = begin(repo, opts)?;
     let display_paths: Vec<String> = paths
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
+        .chain(opts.commands.iter().map(|c| format!("/{}", c.name)))
         .collect();
     let parent = match opts.parent {
         Some(id) => Some((id, repo.load_snapshot(&id)?)),
@@ -177,7 +228,7 @@ pub fn backup(
         Some((_, s)) => Some(repo.read_tree(&s.tree)?),
         None => None,
     };
-    let excludes = Excludes::new(&opts.exclude.excludes)?;
+    let excludes = Excludes::of(&opts.exclude)?;
     let root = SourceDir::build(&paths);
     let mut replaced = 0;
     let mut rounds = 0;
@@ -185,7 +236,12 @@ pub fn backup(
     loop {
         rounds += 1;
         let (tree, mut stats) = run(repo, opts, &excludes, monitor, |a| {
-            a.save_virtual(&root, parent_tree.as_ref())
+            let mut nodes = a.virtual_nodes(&root, parent_tree.as_ref())?;
+            for command in &opts.commands {
+                nodes.push(a.command_node(command)?);
+            }
+            nodes.sort_by(|x, y| x.name.cmp(&y.name));
+            a.save_tree(Tree { nodes })
         })?;
         added.blobs_added += stats.blobs_added;
         added.raw_bytes_added += stats.raw_bytes_added;
@@ -198,23 +254,28 @@ pub fn backup(
             parent: parent.as_ref().map(|p| p.0),
             paths: display_paths.clone(),
         };
-        match commit(repo, &session, tree, stats, meta, opts, started)? {
+        match commit(repo, session.as_ref(), tree, stats, meta, opts, started)? {
             Committed::Done(report) => {
-                session.finish();
-                if let Err(e) = repo.remember_as_writer(report.snapshot_id, &report.snapshot) {
-                    let dir = repo.writer_cache().map(|c| c.dir().to_path_buf());
-                    monitor.problem(
-                        &dir.unwrap_or_default(),
-                        &format!("the next backup will read and upload everything again: {e}"),
-                    );
+                if let Some(session) = session {
+                    session.finish();
+                }
+                if let Some(id) = report.snapshot_id {
+                    if let Err(e) = repo.remember_as_writer(id, &report.snapshot) {
+                        let dir = repo.writer_cache().map(|c| c.dir().to_path_buf());
+                        monitor.problem(
+                            &dir.unwrap_or_default(),
+                            &format!("the next backup will read and upload everything again: {e}"),
+                        );
+                    }
                 }
                 return Ok(BackupReport {
                     excludes_unmatched: excludes.unmatched(),
                     ..*report
                 });
             }
-            // The source is still there: the next round reads what those packs held.
-            Committed::Unsafe(packs) if rounds < MAX_ROUNDS => {
+            // The source is still there: the next round reads what those packs held. Not
+            // so a command's output: it is not run twice.
+            Committed::Unsafe(packs) if rounds < MAX_ROUNDS && opts.commands.is_empty() => {
                 replaced += packs.len() as u64;
                 repo.condemn(packs);
             }
@@ -255,36 +316,10 @@ pub fn backup_stdin(
             "--stdin-filename {name:?} must be a plain file name, without '/'"
         )));
     }
-    let (session, adopted) = begin(repo, &opts.host)?;
+    let (session, adopted) = begin(repo, opts)?;
     let excludes = Excludes::new(&[])?;
     let (tree, mut stats) = run(repo, opts, &excludes, monitor, |archiver| {
-        let mut buffer = Vec::new();
-        let file = ingest::chunk_stream(archiver.ctx, reader, &mut buffer)?
-            .map_err(|e| Error::io("<stdin>", e))?;
-        archiver.count_read(&file, false);
-        let (size, content) = (file.size, file.content);
-        let now = crate::tree::Time::now();
-        let node = Node {
-            name: name.as_bytes().to_vec(),
-            kind: NodeKind::File { size, content },
-            mode: 0o644,
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
-            user: archiver
-                .names
-                .user(nix::unistd::getuid().as_raw())
-                .map(str::to_owned),
-            group: archiver
-                .names
-                .group(nix::unistd::getgid().as_raw())
-                .map(str::to_owned),
-            mtime: now,
-            ctime: now,
-            inode: 0,
-            device: 0,
-            links: 1,
-            xattrs: Vec::new(),
-        };
+        let node = archiver.stream_node(name, reader, Path::new("<stdin>"))?;
         archiver.save_tree(Tree { nodes: vec![node] })
     })?;
     stats.packs_adopted = adopted;
@@ -292,9 +327,11 @@ pub fn backup_stdin(
         parent: None,
         paths: vec![format!("/{name}")],
     };
-    match commit(repo, &session, tree, stats, meta, opts, started)? {
+    match commit(repo, session.as_ref(), tree, stats, meta, opts, started)? {
         Committed::Done(report) => {
-            session.finish();
+            if let Some(session) = session {
+                session.finish();
+            }
             Ok(*report)
         }
         // Standard input cannot be read again.
@@ -314,9 +351,11 @@ enum Committed {
     Unsafe(Vec<PackId>),
 }
 
+/// Writes the index and the snapshot, after the commit check; without a session (a dry
+/// run) only makes the report.
 fn commit(
     repo: &mut Repository,
-    session: &Session,
+    session: Option<&Session>,
     (tree, mut written): (BlobId, Written),
     mut stats: BackupStats,
     meta: SnapshotMeta,
@@ -324,23 +363,26 @@ fn commit(
     started: Instant,
 ) -> Result<Committed> {
     let relied = crate::commit::relied_packs(&written);
-    // Durability order: packs are stored (finish waited for them), then the index that
-    // names them, then the snapshot that relies on both.
-    repo.index_written(&mut written)?;
     let checked_at = crate::session::boot_time();
-    let unsafe_packs = crate::commit::check(repo, session, &relied)?;
-    if !unsafe_packs.is_empty() {
-        return Ok(Committed::Unsafe(unsafe_packs));
+    if let Some(session) = session {
+        // Durability order: packs are stored (finish waited for them), then the index
+        // that names them, then the snapshot that relies on both.
+        repo.index_written(&mut written)?;
+        let unsafe_packs = crate::commit::check(repo, session, &relied)?;
+        if !unsafe_packs.is_empty() {
+            return Ok(Committed::Unsafe(unsafe_packs));
+        }
     }
     stats.duration_ms = started.elapsed().as_millis() as u64;
     let snapshot = Snapshot {
-        time: jiff::Timestamp::now(),
+        time: opts.time.unwrap_or_else(jiff::Timestamp::now),
         host: opts.host.clone(),
         username: opts.username.clone(),
         paths: meta.paths,
         tags: opts.tags.clone(),
         tree,
         parent: meta.parent,
+        original: None,
         program_version: format!("cairn {}", env!("CARGO_PKG_VERSION")),
         summary: SnapshotSummary {
             files: stats.files_new + stats.files_changed + stats.files_unchanged,
@@ -349,11 +391,15 @@ fn commit(
             bytes_added: stats.bytes_added,
         },
     };
-    let snapshot_id =
-        match crate::commit::save_snapshot(repo, session, &relied, &snapshot, checked_at)? {
-            Ok(id) => id,
-            Err(unsafe_packs) => return Ok(Committed::Unsafe(unsafe_packs)),
-        };
+    let snapshot_id = match session {
+        None => None,
+        Some(session) => {
+            match crate::commit::save_snapshot(repo, session, &relied, &snapshot, checked_at)? {
+                Ok(id) => Some(id),
+                Err(unsafe_packs) => return Ok(Committed::Unsafe(unsafe_packs)),
+            }
+        }
+    };
     Ok(Committed::Done(Box::new(BackupReport {
         snapshot_id,
         snapshot,
@@ -380,6 +426,46 @@ fn find_parent(
             theirs.sort();
             s.host == host && theirs == wanted
         }))
+}
+
+/// Each command's name must be a plain file name, once, and not the name of a top-level
+/// directory of `paths` (the snapshot's root holds both).
+fn check_command_names(commands: &[CommandSource], paths: &[PathBuf]) -> Result<()> {
+    let mut seen = HashSet::new();
+    for c in commands {
+        if !crate::tree::is_safe_name(c.name.as_bytes()) {
+            return Err(Error::InvalidInput(format!(
+                "The output of {:?} needs a plain file name, without '/', not {:?}",
+                c.display(),
+                c.name
+            )));
+        }
+        if c.argv.is_empty() {
+            return Err(Error::InvalidInput(format!(
+                "No command given for {:?}",
+                c.name
+            )));
+        }
+        let top = paths.iter().find(|p| {
+            p.components().nth(1).map(|c| c.as_os_str().as_bytes()) == Some(c.name.as_bytes())
+        });
+        if let Some(p) = top {
+            return Err(Error::InvalidInput(format!(
+                "The output of {:?} would be /{} in the snapshot, where {} goes; name it \
+                 otherwise",
+                c.display(),
+                c.name,
+                p.display()
+            )));
+        }
+        if !seen.insert(&c.name) {
+            return Err(Error::InvalidInput(format!(
+                "Two commands' outputs are named {:?}; give each its own name",
+                c.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Absolute, lexically cleaned, existing paths; a path covered by another is dropped.
@@ -470,7 +556,10 @@ fn run<F>(
 where
     F: FnOnce(&mut Archiver) -> Result<BlobId>,
 {
-    let writer = repo.blob_writer();
+    let writer = match opts.dry_run {
+        true => crate::writer::BlobWriter::dry_run(repo),
+        false => repo.blob_writer(),
+    };
     let timings = Timings::default();
     let abort = AtomicBool::new(false);
     let ctx = Context {
@@ -648,6 +737,11 @@ struct Reading {
 }
 
 impl Archiver<'_> {
+    fn exclude(&mut self, path: &Path, why: &ExcludeReason) {
+        self.stats.excluded += 1;
+        self.monitor.excluded(path, why);
+    }
+
     fn problem(&mut self, path: &Path, error: &dyn std::fmt::Display) {
         self.monitor.problem(path, error);
         self.stats.errors.push(SourceProblem {
@@ -701,11 +795,92 @@ impl Archiver<'_> {
         }
     }
 
+    /// A file node holding everything `reader` yields, owned by the user running the
+    /// backup and dated now; `label` names the source in errors.
+    fn stream_node(&mut self, name: &str, reader: &mut dyn Read, label: &Path) -> Result<Node> {
+        let mut buffer = Vec::new();
+        let file = ingest::chunk_stream(self.ctx, reader, &mut buffer)?
+            .map_err(|e| Error::io(label, e))?;
+        self.count_read(&file, false);
+        self.monitor.file_done(label, file.size);
+        let (size, content) = (file.size, file.content);
+        let now = crate::tree::Time::now();
+        let (uid, gid) = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        Ok(Node {
+            name: name.as_bytes().to_vec(),
+            kind: NodeKind::File { size, content },
+            mode: 0o644,
+            uid,
+            gid,
+            user: self.names.user(uid).map(str::to_owned),
+            group: self.names.group(gid).map(str::to_owned),
+            mtime: now,
+            ctime: now,
+            inode: 0,
+            device: 0,
+            links: 1,
+            xattrs: Vec::new(),
+        })
+    }
+
+    /// Runs `command` and stores its standard output as a file node; its failure (to
+    /// start, or its exit status) is the backup's.
+    fn command_node(&mut self, command: &CommandSource) -> Result<Node> {
+        use std::process::{Command, Stdio};
+        let label = PathBuf::from(format!("/{}", command.name));
+        let failed = |status: String| Error::CommandFailed {
+            name: command.name.clone(),
+            command: command.display(),
+            status,
+        };
+        let (program, args) = command
+            .argv
+            .split_first()
+            .ok_or_else(|| failed("is empty".into()))?;
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| failed(format!("could not be started: {e}")))?;
+        let node = match child.stdout.take() {
+            Some(mut out) => self.stream_node(&command.name, &mut out, &label),
+            None => Err(failed("gave no output pipe".into())),
+        };
+        if node.is_err() {
+            // Reading stopped early (Ctrl-C, a storage error): the command is not waited
+            // for to the end of its output.
+            let _ = child.kill();
+        }
+        let status = child
+            .wait()
+            .map_err(|e| failed(format!("could not be waited for: {e}")))?;
+        let node = node?;
+        if !status.success() {
+            return Err(failed(format!("failed ({status})")));
+        }
+        Ok(node)
+    }
+
     fn save_virtual(
         &mut self,
         children: &BTreeMap<Vec<u8>, SourceDir>,
         parent: Option<&Tree>,
     ) -> Result<BlobId> {
+        let nodes = self.virtual_nodes(children, parent)?;
+        self.save_tree(Tree { nodes })
+    }
+
+    /// The nodes of the directories above the backed-up paths (see `SourceDir`), at one
+    /// level, their subtrees saved.
+    fn virtual_nodes(
+        &mut self,
+        children: &BTreeMap<Vec<u8>, SourceDir>,
+        parent: Option<&Tree>,
+    ) -> Result<Vec<Node>> {
         let mut nodes = Vec::new();
         for (name, child) in children {
             let parent_node = parent.and_then(|t| t.find(name));
@@ -737,7 +912,7 @@ impl Archiver<'_> {
                 }
             }
         }
-        self.save_tree(Tree { nodes })
+        Ok(nodes)
     }
 
     /// The node of `entry` (whose metadata is `md`) holding `kind`.
@@ -774,18 +949,7 @@ impl Archiver<'_> {
 
     /// Saves subdirectory `path` unless it is left out (`None`); `parent` is its node in
     /// the parent snapshot.
-    fn subdir(
-        &mut self,
-        path: &Path,
-        md: &Metadata,
-        parent: Option<&Node>,
-    ) -> Result<Option<Subtree>> {
-        if (self.opts.one_file_system && md.dev() != self.root_device)
-            || self.opts.exclude.is_tagged_dir(path)
-        {
-            self.stats.excluded += 1;
-            return Ok(None);
-        }
+    fn subdir(&mut self, path: &Path, parent: Option<&Node>) -> Result<Option<Subtree>> {
         let subtree = self.save_dir(path, parent_dir(parent))?;
         self.stats.dirs += 1;
         Ok(Some(subtree))
@@ -922,6 +1086,11 @@ impl Archiver<'_> {
                 Ok(file) => {
                     self.count_read(&file, r.changed);
                     self.monitor.file_done(&r.path, file.size);
+                    let change = match r.changed {
+                        true => FileChange::Changed,
+                        false => FileChange::New,
+                    };
+                    self.monitor.file_change(&r.path, change);
                     if let Some(n) = &mut dir.nodes[r.node] {
                         n.kind = NodeKind::File {
                             size: file.size,
@@ -968,11 +1137,17 @@ impl Archiver<'_> {
                     continue;
                 }
             };
-            if filtered
-                && (self.excludes.matches(&entry.path)
-                    || self.ignores.is_ignored(&entry.path, md.is_dir()))
-            {
-                self.stats.excluded += 1;
+            let other_fs = self.opts.one_file_system.then_some(self.root_device);
+            let why = (self.opts.exclude).why_excluded(
+                self.excludes,
+                &self.ignores,
+                &entry.path,
+                &md,
+                !filtered,
+                other_fs,
+            );
+            if let Some(why) = why {
+                self.exclude(&entry.path, &why);
                 continue;
             }
             let parent_node = parents.take(&entry.name);
@@ -983,10 +1158,6 @@ impl Archiver<'_> {
                 }
                 nodes.push(None);
                 others.push((nodes.len() - 1, entry, md, parent_node));
-                continue;
-            }
-            if self.opts.exclude.is_too_large(md.len()) {
-                self.stats.excluded += 1;
                 continue;
             }
             let parent_node = match parent_node {
@@ -1026,7 +1197,7 @@ impl Archiver<'_> {
         for (at, entry, md, parent_node) in others {
             let mut queued = None;
             let kind = if md.is_dir() {
-                match self.subdir(&entry.path, &md, parent_node.as_ref())? {
+                match self.subdir(&entry.path, parent_node.as_ref())? {
                     None => None,
                     Some(Subtree::Saved(subtree)) => Some(NodeKind::Dir { subtree }),
                     Some(Subtree::Queued(number)) => {
@@ -1107,6 +1278,7 @@ impl Archiver<'_> {
         self.stats.total_bytes += size;
         self.monitor.bytes_done(*size);
         self.monitor.file_done(path, *size);
+        self.monitor.file_change(path, FileChange::Unchanged);
         true
     }
 }

@@ -151,6 +151,7 @@ pub fn copy(
             // A parent is only meaningful in its own repository; keep it when it was
             // copied too.
             parent: snapshot.parent.and_then(|p| new_ids.get(&p).copied()),
+            original: snapshot.original.and_then(|p| new_ids.get(&p).copied()),
             ..snapshot
         };
         let id = dst.save_snapshot(&copy)?;

@@ -203,7 +203,7 @@ pub fn diff(
         monitor,
         names: NameCache::default(),
         report: DiffReport::default(),
-        excludes: Excludes::new(&opts.exclude.excludes)?,
+        excludes: Excludes::of(&opts.exclude)?,
         ignores: IgnoreStack::default(),
     };
     let a = differ.start(old, &top)?;
@@ -486,11 +486,9 @@ impl Differ<'_> {
     /// Whether backup would leave out live entry `path` (never the live directory
     /// itself: backup applies exclusions below the paths it is given).
     fn excluded(&self, path: &Path, md: &Metadata) -> bool {
-        let exclude = &self.opts.exclude;
-        self.excludes.matches(path)
-            || self.ignores.is_ignored(path, md.is_dir())
-            || (md.is_dir() && exclude.is_tagged_dir(path))
-            || (md.is_file() && exclude.is_too_large(md.len()))
+        let why =
+            (self.opts.exclude).why_excluded(&self.excludes, &self.ignores, path, md, false, None);
+        why.is_some()
     }
 
     fn compare(&mut self, path: &[u8], old: Option<Item>, new: Option<Item>) -> Result<()> {

@@ -27,6 +27,13 @@ pub struct KeepPolicy {
     pub yearly: Option<u32>,
     /// Keep snapshots taken within this span before the group's newest one.
     pub within: Option<Span>,
+    /// Keep the newest snapshot of each hour, day, week, month or year that lies within
+    /// this span before the group's newest one (restic's `--keep-within-hourly` ...).
+    pub within_hourly: Option<Span>,
+    pub within_daily: Option<Span>,
+    pub within_weekly: Option<Span>,
+    pub within_monthly: Option<Span>,
+    pub within_yearly: Option<Span>,
     /// Keep snapshots that carry any of these tags.
     pub tags: Vec<String>,
 }
@@ -40,6 +47,11 @@ impl KeepPolicy {
             && self.monthly.is_none()
             && self.yearly.is_none()
             && self.within.is_none()
+            && self.within_hourly.is_none()
+            && self.within_daily.is_none()
+            && self.within_weekly.is_none()
+            && self.within_monthly.is_none()
+            && self.within_yearly.is_none()
             && self.tags.is_empty()
     }
 }
@@ -191,26 +203,34 @@ fn decide(items: &[&(SnapshotId, Snapshot)], policy: &KeepPolicy, tz: &TimeZone)
         .iter()
         .map(|(_, s)| s.time.to_zoned(tz.clone()))
         .collect();
+    let hour: BucketOf = |z| {
+        (
+            z.year() as i32,
+            z.month() as i32,
+            z.day() as i32,
+            z.hour() as i32,
+        )
+    };
+    let day: BucketOf = |z| (z.year() as i32, z.month() as i32, z.day() as i32, 0);
+    let week: BucketOf = |z| {
+        let w = z.date().iso_week_date();
+        (w.year() as i32, w.week() as i32, 0, 0)
+    };
+    let month: BucketOf = |z| (z.year() as i32, z.month() as i32, 0, 0);
+    let year: BucketOf = |z| (z.year() as i32, 0, 0, 0);
     let buckets: [(&str, Option<u32>, BucketOf); 5] = [
-        ("hourly", policy.hourly, |z| {
-            (
-                z.year() as i32,
-                z.month() as i32,
-                z.day() as i32,
-                z.hour() as i32,
-            )
-        }),
-        ("daily", policy.daily, |z| {
-            (z.year() as i32, z.month() as i32, z.day() as i32, 0)
-        }),
-        ("weekly", policy.weekly, |z| {
-            let w = z.date().iso_week_date();
-            (w.year() as i32, w.week() as i32, 0, 0)
-        }),
-        ("monthly", policy.monthly, |z| {
-            (z.year() as i32, z.month() as i32, 0, 0)
-        }),
-        ("yearly", policy.yearly, |z| (z.year() as i32, 0, 0, 0)),
+        ("hourly", policy.hourly, hour),
+        ("daily", policy.daily, day),
+        ("weekly", policy.weekly, week),
+        ("monthly", policy.monthly, month),
+        ("yearly", policy.yearly, year),
+    ];
+    let within_buckets: [(&str, Option<Span>, BucketOf); 5] = [
+        ("within-hourly", policy.within_hourly, hour),
+        ("within-daily", policy.within_daily, day),
+        ("within-weekly", policy.within_weekly, week),
+        ("within-monthly", policy.within_monthly, month),
+        ("within-yearly", policy.within_yearly, year),
     ];
     let mut reasons: Vec<Vec<String>> = vec![Vec::new(); items.len()];
     if let Some(n) = policy.last {
@@ -230,6 +250,24 @@ fn decide(items: &[&(SnapshotId, Snapshot)], policy: &KeepPolicy, tz: &TimeZone)
             if last_bucket != Some(b) {
                 last_bucket = Some(b);
                 kept += 1;
+                reasons[i].push(name.into());
+            }
+        }
+    }
+    // As restic: the newest snapshot of each period, for the periods from the group's
+    // newest snapshot back by the span.
+    for (name, span, bucket_of) in within_buckets {
+        let Some(cutoff) = span.and_then(|span| zoned.first()?.checked_sub(span).ok()) else {
+            continue;
+        };
+        let mut last_bucket = None;
+        for (i, z) in zoned.iter().enumerate() {
+            if *z < cutoff {
+                break;
+            }
+            let b = bucket_of(z);
+            if last_bucket != Some(b) {
+                last_bucket = Some(b);
                 reasons[i].push(name.into());
             }
         }
@@ -325,6 +363,7 @@ mod tests {
                 tags: tags.iter().map(|t| t.to_string()).collect(),
                 tree: BlobId([0; 32]),
                 parent: None,
+                original: None,
                 program_version: String::new(),
                 summary: SnapshotSummary::default(),
             },
@@ -417,6 +456,36 @@ mod tests {
             kept(&plan(&days(), &p, GroupBy::default(), &TimeZone::UTC)),
             vec![5, 6]
         );
+    }
+
+    #[test]
+    fn keep_within_periods_keep_the_newest_of_each_period_inside_the_span() {
+        let plan_with =
+            |p: KeepPolicy| kept(&plan(&days(), &p, GroupBy::default(), &TimeZone::UTC));
+        // Host a's newest is Feb 1 10:00: a month back is Jan 1 10:00, so Jan 1 is in
+        // the span, and its newest snapshot (2, at 20:00) is kept, not 1.
+        let p = KeepPolicy {
+            within_daily: Some(parse_within("1m").unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(plan_with(p), vec![2, 3, 4, 5, 6]);
+        let p = KeepPolicy {
+            within_weekly: Some(parse_within("7d").unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(plan_with(p), vec![5, 6]);
+        let p = KeepPolicy {
+            within_monthly: Some(parse_within("1y").unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(plan_with(p), vec![4, 5, 6]);
+        let p = KeepPolicy {
+            within_hourly: Some(parse_within("1h").unwrap()),
+            within_yearly: Some(parse_within("2y").unwrap()),
+            ..Default::default()
+        };
+        // Only the newest of a (its hour and its year) and of b.
+        assert_eq!(plan_with(p), vec![5, 6]);
     }
 
     #[test]

@@ -77,14 +77,22 @@ impl IgnoreStack {
     /// Whether `path` (absolute, below every level's directory) is ignored: the deepest
     /// level with a matching pattern decides, as in git.
     pub fn is_ignored(&self, path: &Path, is_dir: bool) -> bool {
+        self.ignored_by(path, is_dir).is_some()
+    }
+
+    /// The ignore file and pattern that leave `path` out, if any (see `is_ignored`).
+    pub fn ignored_by(&self, path: &Path, is_dir: bool) -> Option<(PathBuf, String)> {
         for level in self.levels.iter().rev() {
             match level.matched(path, is_dir) {
-                Match::Ignore(_) => return true,
-                Match::Whitelist(_) => return false,
+                Match::Ignore(glob) => {
+                    let file = glob.from().map(Path::to_path_buf).unwrap_or_default();
+                    return Some((file, glob.original().to_string()));
+                }
+                Match::Whitelist(_) => return None,
                 Match::None => {}
             }
         }
-        false
+        None
     }
 }
 

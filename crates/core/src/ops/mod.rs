@@ -17,6 +17,7 @@ pub mod restore_filter;
 mod restore_packs;
 pub mod restore_plan;
 mod restore_target;
+pub mod rewrite;
 pub mod select;
 pub mod stats;
 pub mod walk;

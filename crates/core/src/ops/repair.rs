@@ -591,6 +591,7 @@ mod tests {
             tags: tags.iter().map(|t| t.to_string()).collect(),
             tree: BlobId([tree; 32]),
             parent,
+            original: None,
             program_version: "test".into(),
             summary: Default::default(),
         }

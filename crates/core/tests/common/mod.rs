@@ -59,6 +59,7 @@ pub fn snapshot(tree: BlobId) -> Snapshot {
         tags: vec![],
         tree,
         parent: None,
+        original: None,
         program_version: "test".into(),
         summary: SnapshotSummary::default(),
     }
