@@ -305,6 +305,25 @@ static LIMITS: Mutex<cairn_core::storage::RateLimits> =
         download: None,
     });
 
+thread_local! {
+    /// A job's own limits (`limits = { upload, download }` in the config file), for the
+    /// stores its thread opens: the daemon runs jobs side by side, each on a thread.
+    static JOB_LIMITS: std::cell::Cell<cairn_core::storage::RateLimits> =
+        const { std::cell::Cell::new(cairn_core::storage::RateLimits { upload: None, download: None }) };
+}
+
+/// Runs `f` with `limits` (bytes per second) for the stores this thread opens, each
+/// direction over the global options' one.
+pub fn with_job_rate_limits<T>(
+    limits: cairn_core::storage::RateLimits,
+    f: impl FnOnce() -> T,
+) -> T {
+    let before = JOB_LIMITS.with(|l| l.replace(limits));
+    let out = f();
+    JOB_LIMITS.with(|l| l.set(before));
+    out
+}
+
 /// The global options' rate limits, in KiB/s, for the stores opened from now on.
 pub fn set_rate_limits(upload_kib: Option<u64>, download_kib: Option<u64>) {
     if let Ok(mut limits) = LIMITS.lock() {
@@ -345,6 +364,9 @@ fn storage_at(loc: &Location) -> Result<Arc<dyn Storage>> {
     if let Ok(limits) = LIMITS.lock() {
         options.limits = *limits;
     }
+    let job = JOB_LIMITS.with(|l| l.get());
+    options.limits.upload = job.upload.or(options.limits.upload);
+    options.limits.download = job.download.or(options.limits.download);
     let storage = cairn_core::storage::open_with(address, &options)?;
     if let (Some(counts), Ok(mut opened)) = (storage.request_counts(), OPENED.lock()) {
         opened.push((storage.location(), counts));

@@ -100,7 +100,7 @@ pub struct CheckSpec {
     pub read_data_subset: Option<SubsetText>,
 }
 
-/// `limits = { threads = 2, nice = true }`.
+/// `limits = { threads = 2, nice = true, upload = "20M", download = "50M" }`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
@@ -109,9 +109,11 @@ pub struct Limits {
     /// Run the job at a lower CPU and I/O priority.
     #[serde(default)]
     pub nice: bool,
-    #[serde(default, deserialize_with = "upload_not_supported")]
-    #[allow(dead_code)]
-    upload: Option<()>,
+    /// Bytes per second to every repository of the job (`20M`: 20 MiB/s), as
+    /// `--limit-upload` but for this job alone.
+    pub upload: Option<Size>,
+    /// Bytes per second from them (copy, check, prune read).
+    pub download: Option<Size>,
 }
 
 /// A size like `100M`.
@@ -152,14 +154,6 @@ fn command_names<'de, D: serde::Deserializer<'de>>(
         }
     }
     Ok(commands)
-}
-
-fn upload_not_supported<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<()>, D::Error> {
-    let _ = toml::Value::deserialize(d)?;
-    Err(serde::de::Error::custom(
-        "`upload` (a bandwidth limit) is not supported yet: remove it, or limit the \
-         bandwidth outside cairn (e.g. `tc`, or the storage server)",
-    ))
 }
 
 impl Job {

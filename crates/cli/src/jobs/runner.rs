@@ -141,8 +141,17 @@ pub fn keep_policy(keep: &Keep) -> Result<KeepPolicy, String> {
     })
 }
 
-/// Runs the job `name` now. The caller holds the job's lock.
+/// Runs the job `name` now, its stores held to its `limits`. The caller holds the job's
+/// lock.
 pub fn run(name: &str, job: &Job, g: &GlobalArgs) -> Outcome {
+    let limits = cairn_core::storage::RateLimits {
+        upload: job.limits.upload.map(|s| s.0),
+        download: job.limits.download.map(|s| s.0),
+    };
+    context::with_job_rate_limits(limits, || run_limited(name, job, g))
+}
+
+fn run_limited(name: &str, job: &Job, g: &GlobalArgs) -> Outcome {
     let started = Instant::now();
     let started_ms = state::now_ms();
     let log = RunLog::create(

@@ -308,6 +308,31 @@ fn a_jobs_commands_store_their_output_and_a_failing_one_fails_the_job() {
     );
 }
 
+/// `limits = { upload = ... }` holds the job's uploads to that rate: 500 KB of random
+/// data at 100 KiB/s cannot take less than about 5 s (a lower bound the limiter enforces
+/// by waiting, so a slow machine cannot make this fail).
+#[test]
+fn a_jobs_upload_limit_holds_its_backup_to_the_rate() {
+    let env = jobs_env("");
+    let src = env.path("src");
+    write_random_files(&src.join("big"), 1, 400_000, 8);
+    write_config(
+        &env,
+        &format!(
+            "[jobs.slow]\npaths = [\"{}\"]\nrepos = [\"@a\"]\nlimits = {{ upload = \"100K\" }}\n",
+            src.display()
+        ),
+    );
+    let started = std::time::Instant::now();
+    let (code, reports) = run_json(&env, &["slow"]);
+    let took = started.elapsed();
+    assert_eq!(code, 0, "{reports:#}");
+    assert!(
+        took >= std::time::Duration::from_secs(4),
+        "500 KB at 100 KiB/s took only {took:?}"
+    );
+}
+
 #[test]
 fn one_failing_repository_does_not_stop_the_others() {
     let env = jobs_env("");
@@ -656,7 +681,8 @@ fn the_status_endpoint_serves_job_status_and_prometheus_metrics() {
     assert_eq!(metric(&m, "cairn_job_errors{job=\"home\"}"), 0.0);
     assert_eq!(metric(&m, "cairn_job_files{job=\"home\"}"), 5.0);
     let last = metric(&m, "cairn_job_last_success_timestamp_seconds{job=\"home\"}");
-    let now = jiff::Timestamp::now().as_second() as f64;
+    // In milliseconds: the metric has them, and a whole second would round now below it.
+    let now = jiff::Timestamp::now().as_millisecond() as f64 / 1000.0;
     assert!(last <= now && last > now - 60.0, "{last} vs {now}");
     assert_eq!(
         metric(
