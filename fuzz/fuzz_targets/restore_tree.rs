@@ -115,6 +115,7 @@ fuzz_target!(|arb: ArbTree| {
         tags: vec![],
         tree: root,
         parent: None,
+        original: None,
         program_version: "fuzz".into(),
         summary: SnapshotSummary::default(),
     };
