@@ -240,15 +240,7 @@ fn ours(dir: &Path) -> Vec<PathBuf> {
 fn remove(g: &GlobalArgs, a: &ScheduleArgs) -> Result<u8> {
     let dir = unit_dir(a)?;
     let units = ours(&dir);
-    let timers: Vec<String> = units
-        .iter()
-        .filter_map(|p| {
-            p.file_name()?
-                .to_str()
-                .filter(|n| n.ends_with(".timer"))
-                .map(String::from)
-        })
-        .collect();
+    let timers = timer_names(&units);
     if a.dir.is_none() && !timers.is_empty() {
         let mut args = vec!["disable", "--now"];
         args.extend(timers.iter().map(String::as_str));
@@ -268,6 +260,19 @@ fn remove(g: &GlobalArgs, a: &ScheduleArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// The file names of the timer units among `units`.
+fn timer_names(units: &[std::path::PathBuf]) -> Vec<String> {
+    units
+        .iter()
+        .filter_map(|p| {
+            p.file_name()?
+                .to_str()
+                .filter(|n| n.ends_with(".timer"))
+                .map(String::from)
+        })
+        .collect()
+}
+
 fn status(a: &ScheduleArgs) -> Result<u8> {
     let dir = unit_dir(a)?;
     let units = ours(&dir);
@@ -280,15 +285,7 @@ fn status(a: &ScheduleArgs) -> Result<u8> {
     }
     if a.dir.is_none() {
         let mut args = vec!["list-timers", "--all"];
-        let names: Vec<String> = units
-            .iter()
-            .filter_map(|p| {
-                p.file_name()?
-                    .to_str()
-                    .filter(|n| n.ends_with(".timer"))
-                    .map(String::from)
-            })
-            .collect();
+        let names = timer_names(&units);
         args.extend(names.iter().map(String::as_str));
         systemctl(a, &args)?;
     }

@@ -766,15 +766,7 @@ fn serve_a_thief_with_a_write_only_key_and_an_append_token_cannot_read_or_remove
     let server = Server::start(&senv, &dir, &[]);
     let owner = client(&server, "home", &owner_token);
     owner.init(&SMALL_CHUNKS);
-    let pw = owner.path("laptop.pw");
-    std::fs::write(&pw, "laptop password").unwrap();
-    let out = owner
-        .cmd()
-        .args(["key", "add", "--write-only", "--new-password-file"])
-        .arg(&pw)
-        .output()
-        .unwrap();
-    assert_success(&out, "key add --write-only");
+    crate::write_only::add_write_only_key(&owner, "laptop password");
 
     let mut thief = client(&server, "home", &laptop);
     thief
