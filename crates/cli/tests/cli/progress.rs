@@ -26,11 +26,18 @@ fn tree(env: &TestEnv) -> (PathBuf, u64) {
     (src, 23)
 }
 
-/// Runs `cairn --json ARGS` with a short progress interval: (stdout document, events).
+/// Held to this rate (KiB/s) in each direction, the tree's 4 MB take at least 0.2 s to
+/// store or read back, forty intervals: an idle machine restored it in 9 ms, and a loaded
+/// one may not run the event thread that soon.
+const RATE_KIB: &str = "20000";
+
+/// Runs `cairn --json ARGS` with a short progress interval and a transfer rate that makes
+/// the command last many intervals: (stdout document, events).
 fn run_json(env: &TestEnv, args: &[&str], extra: &[&Path]) -> (Value, Vec<Value>) {
     let out = env
         .cmd()
         .env("CAIRN_PROGRESS_INTERVAL_MS", INTERVAL_MS)
+        .args(["--limit-upload", RATE_KIB, "--limit-download", RATE_KIB])
         .arg("--json")
         .args(args)
         .args(extra)
