@@ -25,6 +25,7 @@ pub mod pack;
 pub mod repo;
 pub mod session;
 pub mod snapshot;
+pub mod stores;
 pub mod trash;
 pub mod tree;
 pub mod window;

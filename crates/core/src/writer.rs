@@ -34,8 +34,9 @@ use crate::crypto::MasterKey;
 use crate::error::{Error, Result};
 use crate::id::{BlobId, IndexId, PackId};
 use crate::index::{Index, IndexFile, IndexedPack};
-use crate::pack::{BlobKind, PackWriter};
+use crate::pack::{BlobKind, PackEntry, PackWriter};
 use crate::repo::Repository;
+use crate::stores::{Stored, Stores};
 
 struct Job {
     id: BlobId,
@@ -538,9 +539,19 @@ fn seal_loop(
     }
 }
 
-/// Packs sealed blobs and stores each pack when it is full. Trees go into packs of their
-/// own: a command that needs only trees (ls, find, an incremental backup on a cold
-/// cache) then fetches a few tree packs whole rather than one range per tree.
+/// Packs being stored while the packer fills the next one, into a local repository. Each
+/// adds a pack's buffer (18 MiB) to the writer's memory; a second saved no time on the
+/// mixed corpus (backup 3.39 s with one, 3.57 s with two, peak RSS 149 and 157 MB).
+const LOCAL_STORES: usize = 1;
+
+/// Packs being stored at once into a remote repository: two uploads hide more of the
+/// round trips.
+const REMOTE_STORES: usize = 2;
+
+/// Packs sealed blobs and stores each pack when it is full, on threads of their own
+/// ([`Stores`]), taking each store's result in order. Trees go into packs of their own: a
+/// command that needs only trees (ls, find, an incremental backup on a cold cache) then
+/// fetches a few tree packs whole rather than one range per tree.
 fn pack_loop(
     storage: Option<Arc<dyn Storage>>,
     key: &MasterKey,
@@ -553,16 +564,24 @@ fn pack_loop(
     let mut report = WriterReport::default();
     // Blobs of `report.unindexed`.
     let mut unindexed_blobs = 0;
-    // Returns the pack's buffer, emptied, for the next pack: a new 18 MiB buffer is a new
-    // mapping (see fix_mmap_threshold in the binary) whose every page faults in, 4,096
-    // page faults a pack, 260,000 for a GB of new data.
-    let mut store = |pack: PackWriter, report: &mut WriterReport| -> Result<Option<Vec<u8>>> {
-        let (id, mut bytes, entries) = pack.finish(key);
-        let started = Instant::now();
-        if let Some(storage) = &storage {
-            storage.write(&id.storage_name(), &bytes)?;
-        }
-        report.write_time += started.elapsed();
+    let depth = match &storage {
+        Some(s) if s.is_remote() => REMOTE_STORES,
+        _ => LOCAL_STORES,
+    };
+    let mut stores = Stores::<(PackId, Vec<PackEntry>)>::new(storage.clone(), depth);
+    // A pack's store has returned: its blobs are this writer's for good. Returns the
+    // pack's buffer, emptied, for the next pack: a new 18 MiB buffer is a new mapping
+    // (see fix_mmap_threshold in the binary) whose every page faults in, 4,096 page
+    // faults a pack, 260,000 for a GB of new data.
+    let mut stored = |done: Stored<(PackId, Vec<PackEntry>)>,
+                      report: &mut WriterReport|
+     -> Result<Option<Vec<u8>>> {
+        let Stored {
+            tag: (id, entries),
+            mut bytes,
+            took,
+        } = done;
+        report.write_time += took;
         report.stored_bytes_added += bytes.len() as u64;
         if let Some(cache) = cache {
             // Only once the pack is stored, so the cache never holds what the
@@ -576,7 +595,6 @@ fn pack_loop(
         }
         bytes.clear();
         {
-            // The pack is durable: its blobs are this writer's for good.
             let mut added = lock(added);
             added.stored.add_pack(id, &entries);
             for e in &entries {
@@ -603,6 +621,10 @@ fn pack_loop(
         }
         Ok(Some(bytes))
     };
+    let send = |stores: &mut Stores<(PackId, Vec<PackEntry>)>, pack: PackWriter| {
+        let (id, bytes, entries) = pack.finish(key);
+        stores.send(id.storage_name(), bytes, (id, entries));
+    };
     let data_capacity = pack_size + pack_size / 8;
     let new_pack = |kind: BlobKind, spare: Option<Vec<u8>>| match kind {
         BlobKind::Data => match spare {
@@ -614,7 +636,33 @@ fn pack_loop(
     };
     let mut data = new_pack(BlobKind::Data, None);
     let mut trees = new_pack(BlobKind::Tree, None);
-    for blob in blobs {
+    // A stored data pack's buffer, for the next data pack.
+    let mut spare = None;
+    let keep = |buffer: Option<Vec<u8>>, spare: &mut Option<Vec<u8>>| {
+        if let Some(buffer) = buffer.filter(|b| b.capacity() >= data_capacity) {
+            *spare = Some(buffer);
+        }
+    };
+    let arrivals = stores.arrivals();
+    loop {
+        // A store that is done makes its pack's blobs the writer's own at once, not when
+        // the next pack is full.
+        let blob = crossbeam_channel::select! {
+            recv(blobs) -> blob => match blob {
+                Ok(blob) => blob,
+                Err(_) => break,
+            },
+            recv(arrivals) -> arrival => {
+                let Ok(arrival) = arrival else {
+                    return Err(Error::InvalidInput("the threads storing packs stopped".into()));
+                };
+                stores.arrived(arrival);
+                while let Some(done) = stores.try_take_oldest() {
+                    keep(stored(done?, &mut report)?, &mut spare);
+                }
+                continue;
+            }
+        };
         let pack = match blob.kind {
             BlobKind::Data => &mut data,
             BlobKind::Tree => &mut trees,
@@ -632,15 +680,30 @@ fn pack_loop(
         // In the pack now: its share of the budget is free, before a slow store.
         drop(_grant);
         if pack.len() >= pack_size {
-            let full = std::mem::replace(pack, PackWriter::new(0));
-            let spare = store(full, &mut report)?;
-            *pack = new_pack(kind, spare);
+            send(&mut stores, std::mem::replace(pack, PackWriter::new(0)));
+            while stores.in_flight() > depth {
+                if let Some(done) = stores.take_oldest() {
+                    keep(stored(done?, &mut report)?, &mut spare);
+                }
+            }
+            *pack = match kind {
+                BlobKind::Data => new_pack(kind, spare.take()),
+                BlobKind::Tree => new_pack(kind, None),
+            };
         }
     }
-    // Data before trees, as a crash between the two leaves no tree whose data is missing.
-    for pack in [data, trees] {
-        if !pack.is_empty() {
-            store(pack, &mut report)?;
+    if !data.is_empty() {
+        send(&mut stores, data);
+    }
+    // Every data pack durable before the last tree pack is stored: a crash between the
+    // two leaves no tree whose data is missing.
+    while let Some(done) = stores.take_oldest() {
+        stored(done?, &mut report)?;
+    }
+    if !trees.is_empty() {
+        send(&mut stores, trees);
+        if let Some(done) = stores.take_oldest() {
+            stored(done?, &mut report)?;
         }
     }
     Ok(report)

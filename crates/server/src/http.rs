@@ -640,7 +640,7 @@ async fn receive(
 ) -> std::result::Result<(), Refusal> {
     let store = state.store(repo);
     let mut pending =
-        tokio::task::block_in_place(|| store.begin_write(name)).map_err(storage_refusal)?;
+        tokio::task::block_in_place(|| store.begin_write(name, len)).map_err(storage_refusal)?;
     let mut hasher = blake3::Hasher::new();
     let mut received = 0u64;
     loop {

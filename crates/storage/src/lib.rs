@@ -8,6 +8,7 @@
 //! [`testsuite::run_all`].
 
 mod counts;
+mod direct;
 mod error;
 mod limit;
 mod local;

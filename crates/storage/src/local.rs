@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use std::time::SystemTime;
 
+use crate::direct::{DirectWriter, DIRECT_FROM};
 use crate::name::{is_temporary_name, valid_component, validate_name, TEMP_PREFIX};
 use crate::{Result, Storage, StorageError};
 
@@ -179,7 +180,9 @@ impl LocalStorage {
     /// [`PendingWrite::commit`] makes it appear under its name, as [`Storage::write`]
     /// does. For bodies too large to hold in memory at once (the repository server
     /// streams uploads this way); dropped without `commit`, nothing is left behind.
-    pub fn begin_write(&self, name: &str) -> Result<PendingWrite> {
+    /// `len` is the size the object will have, if known (0 if not): objects of at least
+    /// [`DIRECT_FROM`] bytes are written around the page cache (see [`crate::direct`]).
+    pub fn begin_write(&self, name: &str, len: u64) -> Result<PendingWrite> {
         let path = self.path(name)?;
         // Not needed for correctness (the link in `commit` decides), but spares writing
         // and syncing the data in the common case of a duplicate.
@@ -199,11 +202,17 @@ impl LocalStorage {
         let file = options
             .open(&temp)
             .map_err(|err| self.write_error("create temporary file for", name, err))?;
+        let direct = if len >= DIRECT_FROM {
+            DirectWriter::start(&file)
+        } else {
+            None
+        };
         Ok(PendingWrite {
             storage: self.clone(),
             name: name.to_owned(),
             path,
             file,
+            direct,
             // From here on the guard removes the file on every error path.
             temp: TempFile { path: temp },
         })
@@ -224,15 +233,19 @@ pub struct PendingWrite {
     name: String,
     path: PathBuf,
     file: File,
+    /// Writing with `O_DIRECT`, when large and the file system takes it.
+    direct: Option<DirectWriter>,
     temp: TempFile,
 }
 
 impl PendingWrite {
     /// Appends `data` to the object's bytes.
     pub fn write_all(&mut self, data: &[u8]) -> Result<()> {
-        self.file
-            .write_all(data)
-            .map_err(|err| self.storage.write_error("write", &self.name, err))
+        match &mut self.direct {
+            Some(direct) => direct.write_all(&self.file, data),
+            None => self.file.write_all(data),
+        }
+        .map_err(|err| self.storage.write_error("write", &self.name, err))
     }
 
     /// Makes the object durable under its name; [`StorageError::AlreadyExists`] if the
@@ -243,8 +256,14 @@ impl PendingWrite {
             name,
             path,
             file,
+            direct,
             temp,
         } = self;
+        if let Some(direct) = direct {
+            direct
+                .finish(&file)
+                .map_err(|err| storage.write_error("write", &name, err))?;
+        }
         file.sync_all()
             .map_err(|err| storage.write_error("sync", &name, err))?;
         drop(file);
@@ -313,7 +332,7 @@ impl Storage for LocalStorage {
     }
 
     fn write(&self, name: &str, data: &[u8]) -> Result<()> {
-        let mut pending = self.begin_write(name)?;
+        let mut pending = self.begin_write(name, data.len() as u64)?;
         pending.write_all(data)?;
         pending.commit()
     }
