@@ -697,6 +697,7 @@ fn the_status_endpoint_serves_job_status_and_prometheus_metrics() {
         status["jobs"]["home"]["repositories"]["@b"]["status"], "success",
         "{status}"
     );
+    crate::json_schema::assert_matches_schema("daemon_status", &status, "GET /status");
     child.stdout = Some(stdout.into_inner());
     let (code, _, err) = stop(child);
     assert_eq!(code, 0, "{err}");
