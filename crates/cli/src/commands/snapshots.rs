@@ -85,7 +85,7 @@ pub fn run(g: &GlobalArgs, a: SnapshotsArgs) -> Result<u8> {
 /// A snapshot as every `--json` document shows one (docs/JSON.md): written out here
 /// rather than serialized, so that the repository format's field names can change
 /// without changing what scripts read.
-pub(crate) fn snapshot_json(id: &SnapshotId, s: &Snapshot) -> serde_json::Value {
+fn snapshot_json(id: &SnapshotId, s: &Snapshot) -> serde_json::Value {
     serde_json::json!({
         "id": id.to_hex(),
         "short_id": id.short(),
