@@ -50,9 +50,10 @@ impl Cli {
         use clap::{CommandFactory, FromArgMatches};
         let matches = Cli::command()
             .mut_subcommands(|c| c.after_help(AFTER_HELP))
-            .get_matches();
+            .try_get_matches()
+            .unwrap_or_else(|e| usage_error(e));
         // Not `from_arg_matches_mut`, which takes the values (and their sources) out.
-        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| usage_error(e));
         if let Command::Config(ConfigCommand::Repo(RepoCommand::Add(add))) = &mut cli.command {
             let add_matches = ["config", "repo", "add"]
                 .iter()
@@ -70,6 +71,24 @@ impl Cli {
         }
         cli
     }
+}
+
+/// Exits on a command line clap rejects (or on `--help`/`--version`, which it reports as
+/// errors). The command line did not parse, so `--json` is looked for among the words
+/// before a `--`: with it, the error is also one JSON document on stdout.
+fn usage_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    let json = std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json");
+    let asked = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
+    if json && !asked {
+        let text = e.to_string();
+        let message = text.trim().strip_prefix("error: ").unwrap_or(text.trim());
+        crate::output::json_error("usage", message, e.exit_code() as u8);
+    }
+    e.exit()
 }
 
 /// Options every command takes, before or after its name.

@@ -31,13 +31,18 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
-        Err(err) if signals::interrupted() => {
-            eprintln!("error: {}", output::message(&format!("{err:#}")));
-            ExitCode::from(EXIT_INTERRUPTED)
-        }
         Err(err) => {
-            eprintln!("error: {}", output::message(&format!("{err:#}")));
-            ExitCode::FAILURE
+            let (kind, code) = if signals::interrupted() {
+                ("interrupted", EXIT_INTERRUPTED)
+            } else {
+                (output::error_kind(&err), 1)
+            };
+            let message = format!("{err:#}");
+            eprintln!("error: {}", output::message(&message));
+            if json {
+                output::json_error(kind, &message, code);
+            }
+            ExitCode::from(code)
         }
     }
 }

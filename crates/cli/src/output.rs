@@ -56,6 +56,57 @@ pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A `--group-by` group's key in `--json` documents: only the fields grouped by, so that
+/// tags are never `null` (an absent `tags` means "not grouped by tags", `[]` "no tags").
+pub fn group_json(
+    host: &Option<String>,
+    paths: &Option<Vec<String>>,
+    tags: &Option<Vec<String>>,
+) -> serde_json::Value {
+    let mut v = serde_json::Map::new();
+    if let Some(h) = host {
+        v.insert("host".into(), h.clone().into());
+    }
+    if let Some(p) = paths {
+        v.insert("paths".into(), p.clone().into());
+    }
+    if let Some(t) = tags {
+        v.insert("tags".into(), t.clone().into());
+    }
+    v.into()
+}
+
+/// With `--json`, a fatal error as one document on stdout, `{"error": {"kind", "message",
+/// "exit_code"}}` (docs/JSON.md), besides the human line on stderr. Nothing to do if stdout
+/// is gone: the exit code still tells.
+pub fn json_error(kind: &str, message: &str, exit_code: u8) {
+    let doc = serde_json::json!({
+        "error": {"kind": kind, "message": message, "exit_code": exit_code}
+    });
+    let _ = json(&doc);
+}
+
+/// The stable word for an error (docs/JSON.md lists them): the kind of the first typed
+/// error in its chain, below the context the binary adds; `other` for the binary's own
+/// errors, which carry only text.
+pub fn error_kind(err: &anyhow::Error) -> &'static str {
+    for e in err.chain() {
+        if let Some(e) = e.downcast_ref::<cairn_core::Error>() {
+            return e.kind();
+        }
+        if let Some(e) = e.downcast_ref::<cairn_core::storage::StorageError>() {
+            return e.kind();
+        }
+        if e.is::<clap::Error>() {
+            return "usage";
+        }
+        if e.is::<std::io::Error>() {
+            return "io";
+        }
+    }
+    "other"
+}
+
 /// Prints each problem on stderr the moment it happens. Commands that show progress use
 /// `progress::Progress`, which prints problems through this one, above its bar.
 pub struct StderrMonitor;

@@ -239,6 +239,42 @@ impl Error {
         }
     }
 
+    /// A stable word for what went wrong, for programs (`--json` error documents; the
+    /// list is in docs/JSON.md). Storage errors give [`StorageError::kind`]'s words.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Storage(e) => e.kind(),
+            Error::WrongPassword { .. } | Error::KeySearchStopped { .. } => "wrong_password",
+            Error::NotARepository { .. } => "not_a_repository",
+            Error::RepositoryExists { .. } => "already_exists",
+            Error::UnsupportedVersion { .. } => "unsupported_version",
+            Error::ConfigNotAuthentic { .. }
+            | Error::CorruptObject { .. }
+            | Error::BlobNotInIndex { .. }
+            | Error::BlobDamaged { .. } => "corrupt",
+            Error::WriteOnlyKey { .. } => "write_only_key",
+            Error::SnapshotNotFound { .. }
+            | Error::NoSnapshotMatches { .. }
+            | Error::SnapshotNotFoundAmong { .. }
+            | Error::PathNotFound { .. }
+            | Error::KeyNotFound { .. }
+            | Error::NotAFile { .. } => "not_found",
+            Error::SnapshotAmbiguous { .. } | Error::KeyAmbiguous { .. } => "ambiguous",
+            Error::KeyInUse { .. }
+            | Error::LastKey { .. }
+            | Error::TargetNotEmpty { .. }
+            | Error::TargetUnrelated { .. } => "refused",
+            Error::CommandFailed { .. } => "command_failed",
+            Error::BadPattern { .. }
+            | Error::IgnorePattern { .. }
+            | Error::ChunkerParams(_)
+            | Error::InvalidInput(_) => "usage",
+            Error::Io { .. } => "io",
+            Error::Interrupted => "interrupted",
+            Error::WriterStopped => "other",
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),

@@ -386,7 +386,6 @@ pub struct KeyInfo {
     /// How it derives its wrapping key, e.g. `argon2id 64 MiB x3 x4`.
     pub kdf: String,
     /// Why it cannot be used, if it cannot.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
     /// It says it writes but cannot read (its file's plaintext hint; see
     /// [`crate::keyfile::KeyFile::kind`]).

@@ -84,3 +84,21 @@ pub enum StorageError {
         source: std::io::Error,
     },
 }
+
+impl StorageError {
+    /// A stable word for what went wrong, for programs (`--json` error documents): one
+    /// of `not_found`, `already_exists`, `corrupt`, `no_space`, `usage`, `remote`,
+    /// `server_refused` or `io`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StorageError::NotFound { .. } => "not_found",
+            StorageError::AlreadyExists { .. } => "already_exists",
+            StorageError::Truncated { .. } => "corrupt",
+            StorageError::NoSpace { .. } => "no_space",
+            StorageError::InvalidName { .. } | StorageError::InvalidAddress { .. } => "usage",
+            StorageError::Remote { .. } => "remote",
+            StorageError::Refused { .. } => "server_refused",
+            StorageError::Io { .. } => "io",
+        }
+    }
+}

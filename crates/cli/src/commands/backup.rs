@@ -198,12 +198,11 @@ fn print(g: &GlobalArgs, r: &BackupReport, entries: Option<Vec<Value>>) -> Resul
     if g.json {
         let mut v = serde_json::to_value(s)?;
         v["snapshot_id"] = r.snapshot_id.map(|id| id.to_hex()).into();
-        v["short_id"] = r.snapshot_id.map(|id| id.short()).into();
-        v["parent"] = r.parent.map(|p| p.to_hex()).into();
+        v["snapshot_short_id"] = r.snapshot_id.map(|id| id.short()).into();
+        v["parent_id"] = r.parent.map(|p| p.to_hex()).into();
         v["dry_run"] = r.snapshot_id.is_none().into();
-        if let Some(entries) = entries {
-            v["entries"] = entries.into();
-        }
+        // `null` without -v: not listed, which `[]` (nothing to list) would not say.
+        v["entries"] = entries.into();
         return output::json(&v);
     }
     if g.quiet {

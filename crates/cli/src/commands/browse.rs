@@ -72,7 +72,11 @@ pub fn ls(g: &GlobalArgs, a: LsArgs) -> Result<u8> {
         }
     }
     if g.json {
-        output::json(&json)?;
+        output::json(&serde_json::json!({
+            "snapshot_id": id.to_hex(),
+            "snapshot_short_id": id.short(),
+            "entries": json,
+        }))?;
     }
     Ok(0)
 }
@@ -103,7 +107,7 @@ fn node_json(path: &[u8], node: &Node) -> serde_json::Value {
         "name": String::from_utf8_lossy(&node.name),
         "type": node.kind.name(),
         "mode": node.mode,
-        "size": size_of(node),
+        "size_bytes": size_of(node),
         "uid": node.uid,
         "gid": node.gid,
         "user": node.user,
@@ -112,9 +116,10 @@ fn node_json(path: &[u8], node: &Node) -> serde_json::Value {
         "inode": node.inode,
         "links": node.links,
     });
-    if let NodeKind::Symlink { target } = &node.kind {
-        v["link_target"] = String::from_utf8_lossy(target).into();
-    }
+    v["link_target"] = match &node.kind {
+        NodeKind::Symlink { target } => String::from_utf8_lossy(target).into(),
+        _ => serde_json::Value::Null,
+    };
     v
 }
 

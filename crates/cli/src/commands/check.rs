@@ -24,7 +24,15 @@ pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
     monitor.finish();
     let code = if report.problems.is_empty() { 0 } else { 1 };
     if g.json {
-        output::json(&report)?;
+        let mut v = serde_json::to_value(&report)?;
+        // Each damaged snapshot with its short id too, as every document names one.
+        for p in v["problems"].as_array_mut().into_iter().flatten() {
+            for d in p["damages"].as_array_mut().into_iter().flatten() {
+                let short = d["snapshot_id"].as_str().and_then(|id| id.get(..8));
+                d["snapshot_short_id"] = short.map(String::from).into();
+            }
+        }
+        output::json(&v)?;
         return Ok(code);
     }
     let mut out = std::io::stdout().lock();
@@ -40,7 +48,7 @@ pub fn run(g: &GlobalArgs, a: CheckArgs) -> Result<u8> {
                 output::count(p.damaged_paths, "path", "paths")
             )?;
             for d in &p.damages {
-                writeln!(out, "    snapshot {}  {}", d.snapshot, d.path)?;
+                writeln!(out, "    snapshot {}  {}", d.snapshot.short(), d.path)?;
             }
             if p.damaged_paths > p.damages.len() as u64 {
                 writeln!(

@@ -41,7 +41,7 @@ pub fn run(g: &GlobalArgs, a: ChunkArgs) -> Result<u8> {
                 json.push(serde_json::json!({
                     "file": path.to_string_lossy(),
                     "offset": c.offset,
-                    "length": c.data.len(),
+                    "size_bytes": c.data.len(),
                     "id": id.as_str(),
                 }));
             } else {
@@ -55,7 +55,6 @@ pub fn run(g: &GlobalArgs, a: ChunkArgs) -> Result<u8> {
     if g.json {
         crate::output::json(&serde_json::json!({
             "chunks": json,
-            "count": count,
             "total_bytes": total,
             "average_bytes": average,
         }))?;
@@ -71,7 +70,7 @@ pub fn run(g: &GlobalArgs, a: ChunkArgs) -> Result<u8> {
 /// What cutting all the files with one set of limits gives.
 #[derive(Debug, Default, Serialize)]
 struct SizeRow {
-    avg_bytes: u32,
+    average_bytes: u32,
     min_bytes: u32,
     max_bytes: u32,
     chunks: u64,
@@ -93,7 +92,7 @@ fn compare_sizes(g: &GlobalArgs, paths: &[PathBuf], sizes: &[ChunkerParams]) -> 
     let mut rows = Vec::new();
     for &params in sizes {
         let mut row = SizeRow {
-            avg_bytes: params.avg_size,
+            average_bytes: params.avg_size,
             min_bytes: params.min_size,
             max_bytes: params.max_size,
             ..SizeRow::default()
@@ -136,7 +135,7 @@ fn compare_sizes(g: &GlobalArgs, paths: &[PathBuf], sizes: &[ChunkerParams]) -> 
         rows.push(row);
     }
     if g.json {
-        output::json(&rows)?;
+        output::json(&serde_json::json!({ "sizes": rows }))?;
     } else {
         print_sizes(&rows, files.len())?;
     }
@@ -173,7 +172,7 @@ fn print_sizes(rows: &[SizeRow], files: usize) -> Result<()> {
         writeln!(
             out,
             "{:>10} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6} {:>10} {:>6} {:>7}",
-            output::size(r.avg_bytes.into()),
+            output::size(r.average_bytes.into()),
             output::size(r.min_bytes.into()),
             output::size(r.max_bytes.into()),
             r.chunks,

@@ -33,8 +33,8 @@ fn check(g: &GlobalArgs) -> Result<u8> {
     if g.json {
         output::json(&serde_json::json!({
             "file": config.path(),
-            "repos": config.repos().map(|r| &r.name).collect::<Vec<_>>(),
-            "jobs": jobs.jobs.keys().collect::<Vec<_>>(),
+            "repository_names": config.repos().map(|r| &r.name).collect::<Vec<_>>(),
+            "job_names": jobs.jobs.keys().collect::<Vec<_>>(),
         }))?;
     } else if !g.quiet {
         println!(
@@ -113,7 +113,7 @@ fn absolute(path: &Path) -> Result<PathBuf> {
 fn list(g: &GlobalArgs, config: &ConfigFile) -> Result<()> {
     if g.json {
         let items: Vec<_> = config.repos().map(|e| entry_json(e, config)).collect();
-        return output::json(&items);
+        return output::json(&serde_json::json!({ "repositories": items }));
     }
     if config.repos().next().is_none() {
         println!(

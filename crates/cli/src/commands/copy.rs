@@ -31,10 +31,11 @@ pub fn run(g: &GlobalArgs, a: CopyArgs) -> Result<u8> {
     if g.json {
         output::json(&serde_json::json!({
             "from": from,
+            "repository": dst.storage().location(),
             "copied": report.copied.iter().map(|(s, d)| serde_json::json!({
-                "source": s.to_hex(), "id": d.to_hex(),
+                "source_id": s.to_hex(), "snapshot_id": d.to_hex(), "snapshot_short_id": d.short(),
             })).collect::<Vec<_>>(),
-            "already_present": report.already_present.iter().map(|s| s.to_hex()).collect::<Vec<_>>(),
+            "already_present_ids": report.already_present.iter().map(|s| s.to_hex()).collect::<Vec<_>>(),
             "shared_ids": report.shared_ids,
             "blobs_read": report.blobs_read,
             "blobs_added": report.blobs_added,

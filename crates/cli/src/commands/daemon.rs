@@ -308,7 +308,7 @@ fn finished(name: &str, handle: JoinHandle<Result<Outcome>>, log: &Logger) {
                         .unwrap_or_default()
                 ),
                 json!({
-                    "status": r.status, "duration_ms": r.duration_ms, "snapshot": r.snapshot,
+                    "status": r.status, "duration_ms": r.duration_ms, "snapshot_id": r.snapshot,
                     "bytes_added": r.bytes_added, "error": r.error,
                 }),
             );

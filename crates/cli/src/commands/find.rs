@@ -41,12 +41,12 @@ pub fn run(g: &GlobalArgs, a: FindArgs) -> Result<u8> {
             .iter()
             .map(|m| {
                 serde_json::json!({
-                    "snapshot": m.snapshot.to_hex(),
-                    "short_id": m.snapshot.short(),
+                    "snapshot_id": m.snapshot.to_hex(),
+                    "snapshot_short_id": m.snapshot.short(),
                     "snapshot_time": m.snapshot_time,
                     "path": m.path,
                     "type": m.kind,
-                    "size": m.size,
+                    "size_bytes": m.size,
                     "mtime": m.mtime,
                 })
             })

@@ -56,7 +56,8 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
             forget::remove(&repo, &ids)?;
         }
         forget_json = serde_json::json!({
-            "removed": ids.iter().map(|i| i.to_hex()).collect::<Vec<_>>(),
+            "groups": [],
+            "removed_ids": ids.iter().map(|i| i.to_hex()).collect::<Vec<_>>(),
             "dry_run": a.dry_run,
         });
         if !g.json && !g.quiet {
@@ -67,7 +68,7 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
         }
     } else {
         let report = forget::forget(&repo, &policy, group_by, &filter, a.dry_run)?;
-        forget_json = serde_json::to_value(&report)?;
+        forget_json = report_json(&report);
         if !g.json && !g.quiet {
             let mut out = std::io::stdout().lock();
             for group in &report.groups {
@@ -109,6 +110,39 @@ pub fn run(g: &GlobalArgs, a: ForgetArgs) -> Result<u8> {
         output::json(&forget_json)?;
     }
     Ok(0)
+}
+
+/// A policy's decisions as docs/JSON.md shows them: each snapshot named by
+/// `snapshot_id`, each group by only the fields grouped by.
+fn report_json(r: &forget::ForgetReport) -> serde_json::Value {
+    let groups: Vec<_> = r
+        .groups
+        .iter()
+        .map(|g| {
+            let decisions: Vec<_> = g
+                .snapshots
+                .iter()
+                .map(|d| {
+                    serde_json::json!({
+                        "snapshot_id": d.id.to_hex(),
+                        "snapshot_short_id": d.id.short(),
+                        "time": d.time,
+                        "keep": d.keep,
+                        "reasons": d.reasons,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "group": output::group_json(&g.host, &g.paths, &g.tags),
+                "decisions": decisions,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "groups": groups,
+        "removed_ids": r.removed.iter().map(|i| i.to_hex()).collect::<Vec<_>>(),
+        "dry_run": r.dry_run,
+    })
 }
 
 pub fn prune(g: &GlobalArgs, max_unused: f64, dry_run: bool) -> Result<u8> {

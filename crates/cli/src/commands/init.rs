@@ -38,8 +38,8 @@ pub fn run(g: &GlobalArgs, a: InitArgs) -> Result<u8> {
     let location = repo.storage().location();
     if g.json {
         crate::output::json(&serde_json::json!({
-            "id": repo.config().id,
             "repository": location,
+            "repository_id": repo.config().id,
             "cipher": repo.config().cipher().name(),
         }))?;
     } else if !g.quiet {

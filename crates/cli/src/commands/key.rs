@@ -103,11 +103,10 @@ fn report(
     removed: Option<cairn_core::id::KeyId>,
 ) -> Result<u8> {
     if g.json {
-        let mut v = serde_json::json!({ "id": id });
-        if let Some(old) = removed {
-            v["removed"] = old.to_hex().into();
-        }
-        output::json(&v)?;
+        output::json(&serde_json::json!({
+            "id": id,
+            "removed_id": removed.map(|old| old.to_hex()),
+        }))?;
     } else if !g.quiet {
         match removed {
             Some(old) => println!("{what} {}, removed key {}", &id[..8], old.short()),
@@ -120,7 +119,7 @@ fn report(
 fn list(g: &GlobalArgs, repo: &Repository) -> Result<u8> {
     let keys = keys::list(repo)?;
     if g.json {
-        output::json(&keys)?;
+        output::json(&serde_json::json!({ "keys": keys }))?;
         return Ok(0);
     }
     let mut out = std::io::stdout().lock();

@@ -14,7 +14,9 @@ pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
             let r = repair::repair_index(&mut repo, a.read_data, &monitor)?;
             monitor.finish();
             if g.json {
-                output::json(&r)?;
+                let mut v = serde_json::to_value(&r)?;
+                v["packs_unreadable"] = pairs(&r.packs_unreadable, "pack", "error");
+                output::json(&v)?;
             } else if !g.quiet {
                 if r.up_to_date {
                     println!(
@@ -53,7 +55,18 @@ pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
             let r = repair::repair_snapshots(&mut repo, a.forget, a.dry_run, &monitor)?;
             monitor.finish();
             if g.json {
-                output::json(&r)?;
+                output::json(&serde_json::json!({
+                    "snapshots_checked": r.snapshots_checked,
+                    "snapshots_repaired": pairs(&r.snapshots_repaired, "old_id", "new_id"),
+                    "snapshots_already_repaired":
+                        pairs(&r.snapshots_already_repaired, "old_id", "new_id"),
+                    "snapshots_duplicate_ids": r.snapshots_duplicate,
+                    "snapshots_lost_ids": r.snapshots_lost,
+                    "files_damaged": r.files_damaged,
+                    "dirs_damaged": r.dirs_damaged,
+                    "snapshots_removed": r.snapshots_removed,
+                    "dry_run": a.dry_run,
+                }))?;
             } else if !g.quiet {
                 let verb = if a.dry_run { "would be " } else { "" };
                 let removes = a.forget && !a.dry_run;
@@ -123,4 +136,11 @@ pub fn run(g: &GlobalArgs, cmd: RepairCommand) -> Result<u8> {
             })
         }
     }
+}
+
+/// Pairs as objects with named members, as docs/JSON.md shows them.
+fn pairs(list: &[(String, String)], first: &str, second: &str) -> serde_json::Value {
+    list.iter()
+        .map(|(a, b)| serde_json::json!({ first: a, second: b }))
+        .collect()
 }

@@ -96,6 +96,8 @@ pub fn run(g: &GlobalArgs, a: RestoreArgs) -> Result<u8> {
     if g.json {
         let mut v = serde_json::to_value(&stats)?;
         v["snapshot_id"] = id.to_hex().into();
+        v["snapshot_short_id"] = id.short().into();
+        v["dry_run"] = false.into();
         output::json(&v)?;
     } else if stats.interrupted {
         // Files are renamed into place only when complete: what is there is right, and
@@ -182,14 +184,15 @@ fn dry_run(
         restore_plan::plan(repo, snapshot, opts).map_err(|e| e.naming_snapshot(&id, snapshot))?;
     // (action, JSON key, text)
     let counts = [
-        (Action::Write, "write", "to write"),
+        (Action::Write, "to_write", "to write"),
         (Action::Unchanged, "unchanged", "unchanged"),
-        (Action::Keep, "keep", "to keep as they are"),
-        (Action::Delete, "delete", "to delete"),
+        (Action::Keep, "to_keep", "to keep as they are"),
+        (Action::Delete, "to_delete", "to delete"),
     ];
     if g.json {
         let mut v = serde_json::to_value(&plan)?;
         v["snapshot_id"] = id.to_hex().into();
+        v["snapshot_short_id"] = id.short().into();
         v["dry_run"] = true.into();
         for (action, key, _) in counts {
             v[key] = plan.count(action).into();

@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use cairn_core::id::SnapshotId;
 use cairn_core::ops::exclude::Excludes;
-use cairn_core::ops::rewrite::{self, RewriteOptions, TagChange};
+use cairn_core::ops::rewrite::{self, Replaced, RewriteOptions, TagChange};
 use cairn_core::ops::select;
 use cairn_core::repo::Repository;
 use cairn_core::snapshot::{Snapshot, SnapshotFilter};
@@ -47,7 +47,11 @@ pub fn tag(g: &GlobalArgs, a: TagArgs) -> Result<u8> {
     };
     let done = rewrite::tag(&repo, &snapshots, &change, a.dry_run)?;
     if g.json {
-        output::json(&serde_json::json!({ "changed": done, "dry_run": a.dry_run }))?;
+        let unchanged = snapshots
+            .iter()
+            .filter(|(id, _)| !done.iter().any(|r| r.old == *id))
+            .map(|(id, _)| *id);
+        output::json(&replaced_json(&done, unchanged, a.dry_run))?;
     } else if !g.quiet {
         for r in &done {
             let (_, old) = snapshots
@@ -92,9 +96,8 @@ pub fn rewrite(g: &GlobalArgs, a: RewriteArgs) -> Result<u8> {
     let report = rewrite::rewrite(&mut repo, &snapshots, &opts, &monitor)?;
     monitor.finish();
     if g.json {
-        let mut v = serde_json::to_value(&report)?;
-        v["dry_run"] = a.dry_run.into();
-        output::json(&v)?;
+        let unchanged = report.unchanged.iter().copied();
+        output::json(&replaced_json(&report.rewritten, unchanged, a.dry_run))?;
         return Ok(0);
     }
     if g.quiet {
@@ -134,4 +137,29 @@ pub fn rewrite(g: &GlobalArgs, a: RewriteArgs) -> Result<u8> {
         }
     );
     Ok(0)
+}
+
+/// `tag` and `rewrite` in one shape (docs/JSON.md): each replaced snapshot's old and new
+/// id (`null` in a dry run), and the ids of those selected that needed no change.
+fn replaced_json(
+    done: &[Replaced],
+    unchanged: impl Iterator<Item = SnapshotId>,
+    dry_run: bool,
+) -> serde_json::Value {
+    let rewritten: Vec<_> = done
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "old_id": r.old.to_hex(),
+                "new_id": r.new.map(|n| n.to_hex()),
+                "removed": r.removed,
+                "removed_paths": r.removed_paths,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "rewritten": rewritten,
+        "unchanged_ids": unchanged.map(|id| id.to_hex()).collect::<Vec<_>>(),
+        "dry_run": dry_run,
+    })
 }

@@ -74,7 +74,7 @@ pub fn run(g: &GlobalArgs, a: RunArgs) -> Result<u8> {
 fn print(g: &GlobalArgs, outcomes: &[Outcome]) -> Result<()> {
     if g.json {
         let reports: Vec<_> = outcomes.iter().map(|o| &o.report).collect();
-        return output::json(&reports);
+        return output::json(&serde_json::json!({ "runs": reports }));
     }
     for o in outcomes {
         let r = &o.report;

@@ -46,7 +46,17 @@ pub fn run(g: &GlobalArgs, a: ServeArgs) -> Result<u8> {
         Some(ServeCommand::Token(TokenCommand::List)) => {
             let access = Access::load(&dir)?;
             if g.json {
-                output::json(&access.tokens)?;
+                let tokens: Vec<_> = access
+                    .tokens
+                    .iter()
+                    .map(|t| {
+                        serde_json::json!({
+                            "name": t.name, "repo": t.repo, "rights": t.rights,
+                            "created": epoch_time(t.created), "quota_bytes": t.quota_bytes,
+                        })
+                    })
+                    .collect();
+                output::json(&serde_json::json!({ "tokens": tokens }))?;
             } else {
                 let mut out = std::io::stdout().lock();
                 writeln!(
@@ -99,7 +109,16 @@ pub fn run(g: &GlobalArgs, a: ServeArgs) -> Result<u8> {
             if list {
                 let held = deleted::list(&dir, &repo)?;
                 if g.json {
-                    output::json(&held)?;
+                    let objects: Vec<_> = held
+                        .iter()
+                        .map(|h| {
+                            serde_json::json!({
+                                "name": h.name, "deleted_at": epoch_time(h.deleted_at),
+                                "size_bytes": h.size,
+                            })
+                        })
+                        .collect();
+                    output::json(&serde_json::json!({ "objects": objects }))?;
                 } else {
                     for h in held {
                         println!("{} {} {}", h.deleted_at, output::size(h.size), h.name);
@@ -159,4 +178,12 @@ fn serve(a: ServeArgs) -> Result<u8> {
         let _ = std::io::stdout().flush();
     })?;
     Ok(0)
+}
+
+/// Seconds since the epoch, as the server records them, in RFC 3339 as every `--json`
+/// time is.
+fn epoch_time(secs: u64) -> Option<jiff::Timestamp> {
+    i64::try_from(secs)
+        .ok()
+        .and_then(|s| jiff::Timestamp::from_second(s).ok())
 }

@@ -51,14 +51,14 @@ pub fn run(g: &GlobalArgs, a: SnapshotsArgs) -> Result<u8> {
                 .iter()
                 .map(|((host, paths, tags), list)| {
                     serde_json::json!({
-                        "group": {"host": host, "paths": paths, "tags": tags},
+                        "group": output::group_json(host, paths, tags),
                         "snapshots": items(list),
                     })
                 })
                 .collect();
-            output::json(&v)?;
+            output::json(&serde_json::json!({ "groups": v }))?;
         } else {
-            output::json(&items(&groups[0].1))?;
+            output::json(&serde_json::json!({ "snapshots": items(&groups[0].1) }))?;
         }
         return Ok(0);
     }
@@ -82,11 +82,29 @@ pub fn run(g: &GlobalArgs, a: SnapshotsArgs) -> Result<u8> {
     Ok(if list.damaged.is_empty() { 0 } else { 1 })
 }
 
+/// A snapshot as every `--json` document shows one (docs/JSON.md): written out here
+/// rather than serialized, so that the repository format's field names can change
+/// without changing what scripts read.
 fn snapshot_json(id: &SnapshotId, s: &Snapshot) -> serde_json::Value {
-    let mut v = serde_json::to_value(s).expect("a snapshot serializes");
-    v["id"] = id.to_hex().into();
-    v["short_id"] = id.short().into();
-    v
+    serde_json::json!({
+        "id": id.to_hex(),
+        "short_id": id.short(),
+        "time": s.time,
+        "host": s.host,
+        "username": s.username,
+        "paths": s.paths,
+        "tags": s.tags,
+        "tree_id": s.tree.to_hex(),
+        "parent_id": s.parent.map(|p| p.to_hex()),
+        "original_id": s.original.map(|p| p.to_hex()),
+        "program_version": s.program_version,
+        "summary": {
+            "files": s.summary.files,
+            "dirs": s.summary.dirs,
+            "total_bytes": s.summary.total_bytes,
+            "bytes_added": s.summary.bytes_added,
+        },
+    })
 }
 
 /// `host h, paths /a, /b, tags x,y`, the fields of the grouping.

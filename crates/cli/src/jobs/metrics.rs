@@ -79,7 +79,7 @@ pub fn status_json(views: &[JobView]) -> serde_json::Value {
                     "bytes_read": s.bytes_read,
                     "bytes_added": s.bytes_added,
                     "errors": s.errors,
-                    "snapshot": s.snapshot,
+                    "snapshot_id": s.snapshot,
                     "error": s.error,
                     "repositories": repos,
                 }),

@@ -137,6 +137,7 @@ pub struct Report {
     pub started: String,
     pub duration_ms: u64,
     /// The new snapshot's id in the first repository that took the backup.
+    #[serde(rename = "snapshot_id")]
     pub snapshot: Option<String>,
     pub repositories: Vec<RepoReport>,
     pub files: u64,
@@ -154,6 +155,7 @@ pub struct RepoReport {
     pub status: String,
     /// `backup` (the sources were read into it) or `copy` (from the first repository).
     pub method: String,
+    #[serde(rename = "snapshot_id")]
     pub snapshot: Option<String>,
     pub bytes_added: u64,
     pub error: Option<String>,

@@ -82,7 +82,7 @@ fn plant_blob_as_snapshot(env: &TestEnv, vars: &[(&str, &str)]) {
 
 fn snapshot_hosts(env: &TestEnv, vars: &[(&str, &str)]) -> Vec<String> {
     let out = run(env, vars, &["snapshots", "--json"]);
-    parse_json(&out.stdout, "snapshots --json")
+    parse_json(&out.stdout, "snapshots --json")["snapshots"]
         .as_array()
         .unwrap()
         .iter()

@@ -90,7 +90,7 @@ fn changes_deep_in_a_tree_reach_every_tree_above_them() {
     let snapshots = env.snapshots();
     let tree = |backup: &serde_json::Value| {
         let s = snapshots.iter().find(|s| s["id"] == backup["snapshot_id"]);
-        s.map(|s| s["tree"].clone())
+        s.map(|s| s["tree_id"].clone())
             .unwrap_or_else(|| panic!("{backup} in {snapshots:?}"))
     };
     assert_ne!(tree(&first), tree(&second));
@@ -388,7 +388,7 @@ fn stdin_is_stored_as_one_file_with_the_given_name() {
         .unwrap();
     assert_success(&out, "cairn ls --json latest");
     let entries = parse_json(&out.stdout, "cairn ls --json");
-    let path = entries
+    let path = entries["entries"]
         .as_array()
         .unwrap()
         .iter()

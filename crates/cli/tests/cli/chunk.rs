@@ -53,7 +53,7 @@ fn chunk_text(env: &TestEnv, file: &Path, args: &[&str]) -> (Vec<Chunk>, String)
 fn chunks_from_json(v: &Value) -> Vec<Chunk> {
     let one = |c: &Value| Chunk {
         offset: json_u64(c, "offset"),
-        length: json_u64(c, "length"),
+        length: json_u64(c, "size_bytes"),
         id: c["id"]
             .as_str()
             .unwrap_or_else(|| panic!("string id in {c}"))
@@ -198,7 +198,10 @@ fn size_rows(env: &TestEnv, sizes: &str, paths: &[&Path]) -> Vec<Value> {
         .unwrap();
     assert_success(&out, &format!("cairn chunk --sizes {sizes}"));
     match parse_json(&out.stdout, "cairn chunk --sizes --json") {
-        Value::Array(rows) => rows,
+        Value::Object(mut doc) => match doc.remove("sizes") {
+            Some(Value::Array(rows)) => rows,
+            other => panic!("cairn chunk --sizes --json has a sizes array, got {other:?}"),
+        },
         other => panic!("cairn chunk --sizes --json prints an array, got {other}"),
     }
 }
@@ -209,10 +212,10 @@ fn chunk_sizes_prints_one_row_per_size_in_the_order_given() {
     let file = env.path("data.bin");
     write_file(&file, &random_bytes(3_000_000, 35));
     let rows = size_rows(&env, "64K,16K,256K", &[&file]);
-    let avgs: Vec<u64> = rows.iter().map(|r| json_u64(r, "avg_bytes")).collect();
+    let avgs: Vec<u64> = rows.iter().map(|r| json_u64(r, "average_bytes")).collect();
     assert_eq!(avgs, [64 << 10, 16 << 10, 256 << 10]);
     for r in &rows {
-        let avg = json_u64(r, "avg_bytes");
+        let avg = json_u64(r, "average_bytes");
         assert_eq!(json_u64(r, "min_bytes"), avg / 2, "{r}");
         assert_eq!(json_u64(r, "max_bytes"), avg * 8, "{r}");
         assert_eq!(json_u64(r, "total_bytes"), 3_000_000, "{r}");

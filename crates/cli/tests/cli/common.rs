@@ -134,8 +134,11 @@ impl TestEnv {
         let out = self.cmd().args(["snapshots", "--json"]).output().unwrap();
         assert_success(&out, "cairn snapshots --json");
         match parse_json(&out.stdout, "cairn snapshots --json") {
-            Value::Array(items) => items,
-            other => panic!("cairn snapshots --json prints an array, got {other}"),
+            Value::Object(mut doc) => match doc.remove("snapshots") {
+                Some(Value::Array(items)) => items,
+                other => panic!("cairn snapshots --json has a snapshots array, got {other:?}"),
+            },
+            other => panic!("cairn snapshots --json prints an object, got {other}"),
         }
     }
 

@@ -48,7 +48,10 @@ fn list_json(env: &TestEnv) -> Vec<Value> {
         "cairn config repo list --json",
     );
     match parse_json(&out.stdout, "config repo list --json") {
-        Value::Array(items) => items,
+        Value::Object(mut doc) => match doc.remove("repositories") {
+            Some(Value::Array(items)) => items,
+            other => panic!("config repo list --json has a repositories array, got {other:?}"),
+        },
         other => panic!("config repo list --json prints an array, got {other}"),
     }
 }
@@ -90,7 +93,11 @@ fn backup_list_restore(env: &TestEnv, args: &[&str], src: &Path, what: &str) {
         &format!("{what}: snapshots"),
     );
     let snaps = parse_json(&out.stdout, "snapshots --json");
-    assert_eq!(snaps.as_array().map(Vec::len), Some(before + 1), "{snaps}");
+    assert_eq!(
+        snaps["snapshots"].as_array().map(Vec::len),
+        Some(before + 1),
+        "{snaps}"
+    );
     let target = env.path(&format!("restored-{before}"));
     run_ok(
         cairn(env)
@@ -306,7 +313,7 @@ fn config_at_name_uses_the_entrys_password_file() {
         .args(["snapshots", "--json"]);
     let out = run_ok(&mut cmd, "CAIRN_REPOSITORY=@main snapshots");
     assert_eq!(
-        parse_json(&out.stdout, "snapshots")
+        parse_json(&out.stdout, "snapshots")["snapshots"]
             .as_array()
             .map(Vec::len),
         Some(1)

@@ -102,7 +102,11 @@ fn later_commands_use_the_default_repository_without_asking_for_a_password() {
         .unwrap();
     assert_success(&out, "cairn snapshots with the default repository");
     let snaps = parse_json(&out.stdout, "snapshots --json");
-    assert_eq!(snaps.as_array().map(Vec::len), Some(2), "{snaps}");
+    assert_eq!(
+        snaps["snapshots"].as_array().map(Vec::len),
+        Some(2),
+        "{snaps}"
+    );
 
     let target = env.path("restored");
     let out = unconfigured(&env)

@@ -333,7 +333,10 @@ fn diff_json_has_one_object_per_change_and_a_summary() {
     assert_eq!(c["path"], src.join("f.txt").to_str().unwrap());
     assert_eq!(c["change"], "modified");
     assert_eq!(c["letter"], "M");
-    assert_eq!((json_u64(c, "old_size"), json_u64(c, "new_size")), (5, 10));
+    assert_eq!(
+        (json_u64(c, "old_size_bytes"), json_u64(c, "new_size_bytes")),
+        (5, 10)
+    );
     assert_eq!(
         (c["old_type"].as_str(), c["new_type"].as_str()),
         (Some("file"), Some("file"))

@@ -82,7 +82,7 @@ fn names_with_escape_sequences_are_escaped_in_ls_find_diff_and_errors() {
     let listed = parse_json(&out.stdout, "cairn ls --json");
     let exact = String::from_utf8(EVIL.to_vec()).unwrap();
     assert!(
-        listed
+        listed["entries"]
             .as_array()
             .unwrap()
             .iter()

@@ -30,7 +30,7 @@ fn found(matches: &[Value]) -> Vec<(String, String)> {
         .iter()
         .map(|m| {
             (
-                m["short_id"].as_str().unwrap().to_string(),
+                m["snapshot_short_id"].as_str().unwrap().to_string(),
                 m["path"].as_str().unwrap().to_string(),
             )
         })
@@ -69,12 +69,12 @@ fn find_by_name_glob_searches_every_snapshot() {
     assert_eq!(json_u64(&stats, "snapshots"), 2, "{stats}");
     let m = &matches[0];
     assert_eq!(m["type"], "file", "{m}");
-    assert_eq!(json_u64(m, "size"), 1, "{m}");
+    assert_eq!(json_u64(m, "size_bytes"), 1, "{m}");
     assert!(
         m["mtime"].is_string() && m["snapshot_time"].is_string(),
         "{m}"
     );
-    assert!(is_hex(m["snapshot"].as_str().unwrap(), 64), "{m}");
+    assert!(is_hex(m["snapshot_id"].as_str().unwrap(), 64), "{m}");
 
     // Several patterns: a match of any one counts.
     let (both, _) = find_json(&env, &["--snapshot", &one, "b.rs", "c.*"]);

@@ -17,7 +17,8 @@ fn snapshot_paths(env: &TestEnv, src: &Path) -> BTreeSet<String> {
     assert_success(&out, "cairn ls --json latest");
     let v = parse_json(&out.stdout, "cairn ls --json");
     let prefix = format!("{}/", src.display());
-    v.as_array()
+    v["entries"]
+        .as_array()
         .unwrap_or_else(|| panic!("an array: {v}"))
         .iter()
         .filter_map(|e| {

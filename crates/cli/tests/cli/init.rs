@@ -44,7 +44,7 @@ fn init_json_prints_the_repository_id_and_path() {
     let out = env.cmd().args(["init", "--json"]).output().unwrap();
     assert_success(&out, "cairn init --json");
     let v = parse_json(&out.stdout, "cairn init --json");
-    let id = v["id"]
+    let id = v["repository_id"]
         .as_str()
         .unwrap_or_else(|| panic!("string id in {v}"));
     assert!(!id.is_empty(), "non-empty id in {v}");

@@ -61,7 +61,7 @@ fn snapshots_json_describes_each_snapshot() {
         serde_json::json!([src.to_str().unwrap()]),
         "{s}"
     );
-    assert!(!s["tree"].is_null(), "tree field present: {s}");
+    assert!(!s["tree_id"].is_null(), "tree field present: {s}");
 }
 
 #[test]
@@ -233,7 +233,9 @@ fn ls_json_gives_path_type_and_size() {
         .unwrap();
     assert_success(&out, "cairn ls --json");
     let v = parse_json(&out.stdout, "cairn ls --json");
-    let entries = v.as_array().unwrap_or_else(|| panic!("an array: {v}"));
+    let entries = v["entries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("an array: {v}"));
     let find = |rel: &str| {
         let p = format!("{}/{rel}", src.display());
         entries
@@ -243,8 +245,8 @@ fn ls_json_gives_path_type_and_size() {
             .clone()
     };
     assert_eq!(find("a.txt")["type"], "file");
-    assert_eq!(find("a.txt")["size"], 12345);
-    assert_eq!(find("sub/c.txt")["size"], 8);
+    assert_eq!(find("a.txt")["size_bytes"], 12345);
+    assert_eq!(find("sub/c.txt")["size_bytes"], 8);
     assert_eq!(find("sub")["type"], "dir");
     assert_eq!(find("link")["type"], "symlink");
     assert_eq!(find("pipe")["type"], "fifo");

@@ -121,7 +121,7 @@ fn snapshots_of(env: &TestEnv, repo: &str) -> Vec<Value> {
         .output()
         .unwrap();
     assert_success(&out, "cairn snapshots");
-    parse_json(&out.stdout, "snapshots --json")
+    parse_json(&out.stdout, "snapshots --json")["snapshots"]
         .as_array()
         .unwrap()
         .clone()
@@ -136,7 +136,7 @@ fn run_json(env: &TestEnv, args: &[&str]) -> (i32, Value) {
         .unwrap();
     let code = out.status.code().unwrap_or(-1);
     assert!(code == 0 || code == 1, "cairn run: {}", describe(&out));
-    (code, parse_json(&out.stdout, "run --json"))
+    (code, parse_json(&out.stdout, "run --json")["runs"].clone())
 }
 
 fn daemon(env: &TestEnv) -> Child {
@@ -506,7 +506,7 @@ fn a_daemon_runs_a_job_on_its_schedule_with_hooks_in_order_and_notifies() {
     assert_eq!(paths, ["/ping/abc/start", "/ping/abc", "/hook"]);
     let hook: Value = serde_json::from_str(&got[2].body).unwrap();
     assert_eq!(hook["status"], "success");
-    assert_eq!(hook["snapshot"].as_str(), Some(snapshot.as_str()));
+    assert_eq!(hook["snapshot_id"].as_str(), Some(snapshot.as_str()));
     assert_eq!(hook["repositories"][0]["repository"], "@a");
 }
 
@@ -697,6 +697,7 @@ fn the_status_endpoint_serves_job_status_and_prometheus_metrics() {
         status["jobs"]["home"]["repositories"]["@b"]["status"], "success",
         "{status}"
     );
+    crate::json_schema::assert_matches_schema("daemon_status", &status, "GET /status");
     child.stdout = Some(stdout.into_inner());
     let (code, _, err) = stop(child);
     assert_eq!(code, 0, "{err}");

@@ -32,7 +32,10 @@ fn key_list(env: &TestEnv, password: &str) -> Vec<Value> {
         "cairn key list --json",
     );
     match parse_json(&out.stdout, "key list --json") {
-        Value::Array(items) => items,
+        Value::Object(mut doc) => match doc.remove("keys") {
+            Some(Value::Array(items)) => items,
+            other => panic!("key list --json has a keys array, got {other:?}"),
+        },
         other => panic!("key list --json prints an array, got {other}"),
     }
 }
@@ -127,7 +130,7 @@ fn passwd_replaces_the_key_in_use_and_the_old_password_stops_opening() {
         "cairn key passwd",
     );
     let report = parse_json(&out.stdout, "key passwd --json");
-    assert_ne!(report["id"], report["removed"]);
+    assert_ne!(report["id"], report["removed_id"]);
     assert!(
         !opens_with(&env, PASSWORD),
         "the old password no longer opens"

@@ -22,6 +22,7 @@ mod ignore_files;
 mod init;
 mod inspect;
 mod jobs;
+mod json_schema;
 mod keys;
 mod maintenance;
 mod mount;

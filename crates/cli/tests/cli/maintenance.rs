@@ -33,7 +33,7 @@ fn forget_keep_last_then_prune_frees_the_space_of_the_forgotten_data() {
     let before = data_bytes(&env);
 
     let forget = json_of(&env, &["forget", "--keep-last", "1"]);
-    let removed: Vec<&str> = forget["removed"]
+    let removed: Vec<&str> = forget["removed_ids"]
         .as_array()
         .unwrap()
         .iter()
@@ -134,7 +134,7 @@ fn prune_defers_deletions_while_a_backup_is_running_and_does_them_after() {
     write_file(&src.join("doomed.bin"), &random_bytes(500_000, 4));
     env.backup(&[&src], &[]);
     let forget = json_of(&env, &["forget", "--keep-last", "1"]);
-    assert_eq!(forget["removed"].as_array().unwrap().len(), 1);
+    assert_eq!(forget["removed_ids"].as_array().unwrap().len(), 1);
 
     // A backup from standard input stays running, with its session registered, until its
     // input closes.

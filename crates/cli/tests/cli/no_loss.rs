@@ -999,7 +999,7 @@ fn no_loss_after_a_pack_is_deleted_by_hand_the_next_backup_stores_the_data_again
         );
         for d in damages {
             assert!(
-                first.starts_with(d["snapshot"].as_str().unwrap()),
+                first == d["snapshot_id"].as_str().unwrap(),
                 "only the snapshot taken before the pack was deleted is damaged, \
                  not {}: {report:#}",
                 d["snapshot"]

@@ -29,7 +29,11 @@ fn global_options_are_accepted_after_the_subcommand() {
         .unwrap();
     assert_success(&out, "cairn snapshots -r REPO --json");
     let snaps = parse_json(&out.stdout, "snapshots --json");
-    assert_eq!(snaps.as_array().map(Vec::len), Some(1), "{snaps}");
+    assert_eq!(
+        snaps["snapshots"].as_array().map(Vec::len),
+        Some(1),
+        "{snaps}"
+    );
 }
 
 #[test]

@@ -188,9 +188,9 @@ fn cycle(address: &str) {
     let packs = json_u64(&stats, "bytes_sent") / 900_000 + 1;
     assert!(puts <= packs + 5, "{puts} PUTs for {packs} packs: {stats}");
     let snaps = run(&env, address, &["snapshots", "--json"]);
-    let snaps = parse_json(&snaps.stdout, "snapshots --json");
+    let snaps = &parse_json(&snaps.stdout, "snapshots --json")["snapshots"];
     assert!(
-        json_u64(&snaps[1]["summary"], "files") > 0 && snaps[1]["parent"] == snaps[0]["id"],
+        json_u64(&snaps[1]["summary"], "files") > 0 && snaps[1]["parent_id"] == snaps[0]["id"],
         "the second backup used its parent: {snaps}"
     );
 

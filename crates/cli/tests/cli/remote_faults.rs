@@ -425,7 +425,7 @@ pub(crate) fn backup_that_loses_the_server_fails_cleanly(env: &TestEnv, repo: &P
     let out = run(env, &repo.direct, &["snapshots", "--json"]);
     let snapshots = parse_json(&out.stdout, "snapshots --json");
     assert_eq!(
-        snapshots.as_array().map(Vec::len),
+        snapshots["snapshots"].as_array().map(Vec::len),
         Some(1),
         "only the first backup's snapshot: {snapshots:#}"
     );
@@ -536,7 +536,11 @@ fn remote_a_read_only_s3_key_restores_but_cannot_back_up() {
     let out = read_only(&["snapshots", "--json"]);
     assert_success(&out, "snapshots with a read-only key");
     let snapshots = parse_json(&out.stdout, "snapshots --json");
-    assert_eq!(snapshots.as_array().map(Vec::len), Some(1), "{snapshots:#}");
+    assert_eq!(
+        snapshots["snapshots"].as_array().map(Vec::len),
+        Some(1),
+        "{snapshots:#}"
+    );
     let target = env.path("restore");
     let out = read_only(&["restore", "latest", "--target", target.to_str().unwrap()]);
     assert_success(&out, "restore with a read-only key");

@@ -206,7 +206,7 @@ fn assert_repairs_change_nothing(f: &Fixture, case: &str, advised: &[String]) {
     for field in [
         "snapshots_repaired",
         "snapshots_already_repaired",
-        "snapshots_lost",
+        "snapshots_lost_ids",
     ] {
         assert_eq!(r[field], Value::Array(vec![]), "{case}: {field} in {r}");
     }

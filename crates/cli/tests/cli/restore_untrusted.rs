@@ -72,7 +72,7 @@ fn no_special_files_leaves_out_fifos_and_devices_and_lists_each() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| e["kind"].as_str().unwrap())
+        .map(|e| e["type"].as_str().unwrap())
         .collect();
     assert!(kinds.contains(&"fifo"), "{s}");
 

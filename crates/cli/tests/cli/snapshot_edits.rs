@@ -43,7 +43,7 @@ fn tag_adds_removes_and_sets_tags_keeping_time_and_naming_the_original() {
     assert!(by_id(&snaps, &first).is_none(), "the original is gone");
     let new = snaps
         .iter()
-        .find(|s| s["original"] == first.as_str())
+        .find(|s| s["original_id"] == first.as_str())
         .unwrap_or_else(|| panic!("a snapshot names {first} as original: {snaps:?}"));
     assert_eq!(tags_of(new), ["daily", "audit"]);
     assert_eq!(new["time"], first_time, "the time is kept");
@@ -60,11 +60,11 @@ fn tag_adds_removes_and_sets_tags_keeping_time_and_naming_the_original() {
         "{snaps:?}"
     );
     assert!(
-        snaps.iter().any(|s| s["original"] == first.as_str()),
+        snaps.iter().any(|s| s["original_id"] == first.as_str()),
         "a second change still names the first original: {snaps:?}"
     );
     assert!(by_id(&snaps, &new_id).is_none());
-    assert!(snaps.iter().any(|s| s["original"] == second.as_str()));
+    assert!(snaps.iter().any(|s| s["original_id"] == second.as_str()));
 
     // Nothing to change: nothing written.
     let files = env.repo_files("snapshots");
@@ -112,13 +112,13 @@ fn rewrite_removes_a_path_from_snapshots_and_prune_frees_its_data() {
     assert!(out.contains(&secret), "{out}");
     let out = run_ok(&env, &["rewrite", "--exclude", "id_rsa", "-n", "--json"]);
     let v = parse_json(out.as_bytes(), "rewrite --dry-run --json");
-    assert_eq!(v["rewritten"][0]["old"], id.as_str(), "{v}");
+    assert_eq!(v["rewritten"][0]["old_id"], id.as_str(), "{v}");
     assert_eq!(
         v["rewritten"][0]["removed_paths"][0],
         secret.as_str(),
         "{v}"
     );
-    assert!(v["rewritten"][0]["new"].is_null(), "{v}");
+    assert!(v["rewritten"][0]["new_id"].is_null(), "{v}");
     assert_eq!(env.repo_files(""), before, "a dry run writes nothing");
 
     // Without --forget both stay.
@@ -127,7 +127,7 @@ fn rewrite_removes_a_path_from_snapshots_and_prune_frees_its_data() {
     assert_eq!(snaps.len(), 2);
     let new = snaps
         .iter()
-        .find(|s| s["original"] == id.as_str())
+        .find(|s| s["original_id"] == id.as_str())
         .expect("the new version");
     assert_eq!(new["time"], by_id(&snaps, &id).unwrap()["time"]);
     let new_id = new["id"].as_str().unwrap().to_string();
@@ -150,7 +150,7 @@ fn rewrite_removes_a_path_from_snapshots_and_prune_frees_its_data() {
     run_ok(&env, &["rewrite", "--exclude", "id_rsa", "--forget"]);
     let snaps = env.snapshots();
     assert_eq!(snaps.len(), 1, "{snaps:?}");
-    assert_eq!(snaps[0]["original"], id.as_str());
+    assert_eq!(snaps[0]["original_id"], id.as_str());
     let out = env.cmd().args(["prune", "--json"]).output().unwrap();
     assert_success(&out, "prune");
     let prune = parse_json(&out.stdout, "prune --json");

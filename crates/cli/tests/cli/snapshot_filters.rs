@@ -107,13 +107,14 @@ fn snapshots_filters_groups_and_shows_the_latest_of_each_group() {
         all.extend_from_slice(args);
         parse_json(&run(&env, &all).stdout, "snapshots --json")
     };
+    let hosts_of = |doc: &Value| hosts_of(&doc["snapshots"]);
     assert_eq!(hosts_of(&json(&["--host", "alpha"])), ["alpha", "alpha"]);
     assert_eq!(hosts_of(&json(&["--tag", "db"])), ["alpha"]);
     assert_eq!(hosts_of(&json(&["--tag", "db", "--tag", "daily"])).len(), 2);
     assert_eq!(hosts_of(&json(&["--latest", "1"])), ["beta", "alpha"]);
 
     let groups = json(&["--group-by", "host"]);
-    let groups = groups.as_array().unwrap();
+    let groups = groups["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 2, "{groups:?}");
     assert_eq!(groups[0]["group"]["host"], "alpha");
     assert_eq!(groups[0]["snapshots"].as_array().unwrap().len(), 2);

@@ -150,7 +150,7 @@ impl Excuses {
                 self.everything = true;
             }
             for d in damages {
-                let snap = d["snapshot"].as_str().unwrap().to_string();
+                let snap: String = d["snapshot_id"].as_str().unwrap().chars().take(8).collect();
                 let path = d["path"].as_str().unwrap();
                 if path == "/" {
                     self.whole.insert(snap);
@@ -430,7 +430,7 @@ fn run_case(case: &str, damage: impl FnOnce(&Base) -> Damage) {
         index["packs_condemned"],
         index["packs_unreadable"],
         snapshots["snapshots_repaired"].as_array().map_or(0, |a| a.len()),
-        snapshots["snapshots_lost"].as_array().map_or(0, |a| a.len()),
+        snapshots["snapshots_lost_ids"].as_array().map_or(0, |a| a.len()),
         snapshots["files_damaged"],
         snapshots["dirs_damaged"],
         steps.join(", ")

@@ -170,7 +170,7 @@ fn every_reader_refuses_a_tree_with_a_climbing_name_and_names_the_tree() {
         .unwrap();
     assert_success(&out, "cairn snapshots of the copy's destination");
     assert_eq!(
-        parse_json(&out.stdout, "snapshots")
+        parse_json(&out.stdout, "snapshots")["snapshots"]
             .as_array()
             .map(Vec::len),
         Some(0)

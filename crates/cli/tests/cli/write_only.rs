@@ -94,7 +94,7 @@ fn a_write_only_key_backs_up_incrementally_and_can_do_nothing_else() {
     }
     assert!(!restore_target.exists());
     let keys = env.cmd().args(["key", "list", "--json"]).output().unwrap();
-    let keys = parse_json(&keys.stdout, "key list --json");
+    let keys = parse_json(&keys.stdout, "key list --json")["keys"].clone();
     let full_key = keys
         .as_array()
         .unwrap()
@@ -127,10 +127,10 @@ fn a_write_only_key_backs_up_incrementally_and_can_do_nothing_else() {
                 .unwrap()
                 .stdout,
             "key list"
-        )
-        .as_array()
-        .unwrap()
-        .len(),
+        )["keys"]
+            .as_array()
+            .unwrap()
+            .len(),
         2
     );
 

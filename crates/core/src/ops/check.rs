@@ -77,7 +77,8 @@ pub struct CheckOptions {
 /// A snapshot path that cannot be restored exactly because of a problem.
 #[derive(Debug, Clone, Serialize)]
 pub struct Damage {
-    pub snapshot: String,
+    #[serde(rename = "snapshot_id")]
+    pub snapshot: SnapshotId,
     pub path: String,
 }
 
@@ -552,7 +553,7 @@ impl Walker<'_> {
         p.damaged_paths += 1;
         if p.damages.len() < MAX_DAMAGES_LISTED {
             p.damages.push(Damage {
-                snapshot: snapshot.short(),
+                snapshot: *snapshot,
                 path: if path.is_empty() {
                     "/".into()
                 } else {

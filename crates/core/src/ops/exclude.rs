@@ -51,7 +51,12 @@ pub enum ExcludeReason {
     /// The directory holds a `CACHEDIR.TAG` (`--exclude-caches`).
     CacheTag,
     /// Larger than `--exclude-larger-than`.
-    TooLarge { size: u64, limit: u64 },
+    TooLarge {
+        #[serde(rename = "size_bytes")]
+        size: u64,
+        #[serde(rename = "limit_bytes")]
+        limit: u64,
+    },
     /// On another filesystem (`--one-file-system`).
     OtherFilesystem,
 }

@@ -132,6 +132,7 @@ pub struct RestoreStats {
 #[derive(Debug, Clone, Serialize)]
 pub struct SkippedEntry {
     pub path: String,
+    #[serde(rename = "type")]
     pub kind: &'static str,
 }
 

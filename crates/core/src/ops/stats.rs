@@ -21,6 +21,7 @@ use crate::tree::NodeKind;
 /// Count and sizes of a set of distinct blobs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct BlobTotals {
+    #[serde(rename = "blobs")]
     pub count: u64,
     /// Sealed (compressed and encrypted) bytes, as stored in packs.
     pub stored_bytes: u64,
