@@ -785,6 +785,9 @@ pub fn spawnable_program(env: &TestEnv, program: impl AsRef<OsStr>) -> std::proc
         .env("XDG_CONFIG_HOME", env.root.join("config"))
         .env("XDG_CACHE_HOME", env.root.join("home/.cache"))
         .env("LC_ALL", "C.UTF-8")
+        // Days for forget's buckets, schedules and mount names are local: the same on
+        // every machine, whatever its zone.
+        .env("TZ", "UTC")
         .env("CAIRN_PASSWORD", PASSWORD)
         .envs(env.vars.iter().map(|(k, v)| (k, v)))
         .current_dir(&env.root);
