@@ -393,7 +393,13 @@ pub(crate) fn backup_with_a_wrong_clock_racing_forget_prune(
     let forgotten = backup_stdin(env, "x.bin", &old);
     let packs_before = pack_files(env).len();
 
-    let mut held = Held::start(with_clock(cairn(env, SHORT_GRACE_SECS), offset), "x.bin");
+    // Heartbeats every 3 s, not 1: a session whose beat is 4 intervals late takes itself
+    // for lost and may no longer build on packs a prune condemned, which a backup from
+    // standard input cannot store again. Under --test-threads 12 a 1 s beat over SFTP
+    // was 4 s late and the backup failed; the prune below still sees it live.
+    let mut beat = cairn(env, SHORT_GRACE_SECS);
+    beat.env("CAIRN_HEARTBEAT_SECS", "3");
+    let mut held = Held::start(with_clock(beat, offset), "x.bin");
     held.feed(&old);
     held.feed(&new);
     held.wait_consumed();
