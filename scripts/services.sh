@@ -93,7 +93,7 @@ TOML
   local g="garage -c $dir/garage.toml"
   RUST_LOG=warn $g server >"$dir/server.log" 2>&1 &
   echo $! >"$dir/pid"
-  wait_for 20 "garage (single node) answering" "$dir/server.log" "$(cat "$dir/pid")" $g status
+  wait_for 60 "garage (single node) answering" "$dir/server.log" "$(cat "$dir/pid")" $g status
   local node
   node=$($g node id -q | cut -d@ -f1)
   $g layout assign -z dc1 -c 1G "$node" >/dev/null
@@ -150,14 +150,14 @@ TOML
 set -euo pipefail
 RUST_LOG=warn setsid garage -c $node/garage.toml server >>$node/server.log 2>&1 </dev/null &
 echo \$! >$node/pid
-for _ in \$(seq 150); do
+for _ in \$(seq 300); do
   if (: </dev/tcp/127.0.0.1/$((CLUSTER_PORT + 2 * i))) 2>/dev/null &&
     [ "\$(garage -c $node/garage.toml status 2>/dev/null | sed '/FAILED/,\$d' | grep -cE '^[0-9a-f]{16}')" -ge 3 ]; then
     exit 0
   fi
   sleep 0.2
 done
-echo "cluster node $i did not come back within 30s; see $node/server.log" >&2
+echo "cluster node $i did not come back within 60s; see $node/server.log" >&2
 exit 1
 SH
     chmod +x "$node/start"
@@ -166,20 +166,20 @@ SH
   done
   local ids=()
   for i in 0 1 2; do
-    wait_for 20 "cluster node $i answering" "$dir/node$i/server.log" "$(cat "$dir/node$i/pid")" \
+    wait_for 60 "cluster node $i answering" "$dir/node$i/server.log" "$(cat "$dir/node$i/pid")" \
       garage -c "$dir/node$i/garage.toml" status
     ids+=("$(garage -c "$dir/node$i/garage.toml" node id -q)")
   done
   $g0 node connect "${ids[1]}" >/dev/null
   $g0 node connect "${ids[2]}" >/dev/null
   local short=("${ids[@]%%@*}")
-  wait_for 20 "all three cluster nodes connected" "$dir/node0/server.log" "$(cat "$dir/node0/pid")" \
+  wait_for 60 "all three cluster nodes connected" "$dir/node0/server.log" "$(cat "$dir/node0/pid")" \
     bash -c "[ \$($g0 status | sed '/FAILED/,\$d' | grep -cE '^[0-9a-f]{16}') -ge 3 ]"
   $g0 layout assign -z dc1 -c 1G "${short[@]}" >/dev/null
   $g0 layout apply --version 1 >/dev/null
   # Every node must have the layout before it serves requests with quorum.
   for i in 1 2; do
-    wait_for 20 "cluster node $i receiving the layout" "$dir/node$i/server.log" "$(cat "$dir/node$i/pid")" \
+    wait_for 60 "cluster node $i receiving the layout" "$dir/node$i/server.log" "$(cat "$dir/node$i/pid")" \
       bash -c "garage -c $dir/node$i/garage.toml layout show | grep -q 'Current cluster layout version: 1'"
   done
   $g0 bucket create cairn-cluster >/dev/null
@@ -230,8 +230,8 @@ CONF
   mkdir -p /run/sshd
   /usr/sbin/sshd -f "$dir/sshd_config" -E "$dir/sshd.log" ||
     { echo "sshd did not start; see $dir/sshd.log" >&2; return 1; }
-  for _ in $(seq 50); do [ -s "$dir/sshd.pid" ] && break; sleep 0.1; done
-  [ -s "$dir/sshd.pid" ] || { echo "sshd wrote no pid file within 5s; see $dir/sshd.log" >&2; return 1; }
+  for _ in $(seq 300); do [ -s "$dir/sshd.pid" ] && break; sleep 0.1; done
+  [ -s "$dir/sshd.pid" ] || { echo "sshd wrote no pid file within 30s; see $dir/sshd.log" >&2; return 1; }
   cat >>"$1/env" <<ENV
 export CAIRN_TEST_SSH_BIN=$dir/bin
 export CAIRN_TEST_SFTP="sftp:cairn-test-sftp:$dir/repos"

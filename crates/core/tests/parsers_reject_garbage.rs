@@ -825,7 +825,9 @@ fn key_file_with(params: KdfParams) -> KeyFile {
 fn a_key_file_cannot_demand_terabytes_of_argon2_memory() {
     in_child_process(
         "a_key_file_cannot_demand_terabytes_of_argon2_memory",
-        Duration::from_secs(10),
+        // The refused work would take hours: a minute leaves room for a loaded machine
+        // to start the child and still catches that.
+        Duration::from_secs(60),
         || {
             let file = key_file_with(KdfParams {
                 memory_kib: u32::MAX,
@@ -841,7 +843,9 @@ fn a_key_file_cannot_demand_terabytes_of_argon2_memory() {
 fn a_key_file_cannot_demand_billions_of_argon2_passes() {
     in_child_process(
         "a_key_file_cannot_demand_billions_of_argon2_passes",
-        Duration::from_secs(10),
+        // The refused work would take hours: a minute leaves room for a loaded machine
+        // to start the child and still catches that.
+        Duration::from_secs(60),
         || {
             let file = key_file_with(KdfParams {
                 memory_kib: 8,

@@ -241,10 +241,11 @@ mod tests {
             .args(["-c", "sleep 60; :", "-M", "-S", gone])
             .spawn()
             .unwrap();
-        // Until it has exec'd, the child's command line is still this test's.
+        // Until it has exec'd, the child's command line is still this test's (up to a
+        // minute: a loaded machine may take seconds to run it).
         let path = format!("/proc/{}/cmdline", lookalike.id());
         let mut cmdline = Vec::new();
-        for _ in 0..500 {
+        for _ in 0..6000 {
             cmdline = std::fs::read(&path).unwrap_or_default();
             if cmdline.starts_with(b"ssh\0") {
                 break;

@@ -788,6 +788,9 @@ pub fn spawnable_program(env: &TestEnv, program: impl AsRef<OsStr>) -> std::proc
         .env("XDG_CONFIG_HOME", env.root.join("config"))
         .env("XDG_CACHE_HOME", env.root.join("home/.cache"))
         .env("LC_ALL", "C.UTF-8")
+        // Days for forget's buckets, schedules and mount names are local: the same on
+        // every machine, whatever its zone.
+        .env("TZ", "UTC")
         .env("CAIRN_PASSWORD", PASSWORD)
         .envs(env.vars.iter().map(|(k, v)| (k, v)))
         .current_dir(&env.root);
@@ -879,12 +882,11 @@ pub fn repo_final_files(env: &TestEnv, sub: &str) -> Vec<PathBuf> {
 }
 
 /// Runs `command` and sends it SIGINT 200 ms after a session file appears in `sessions`
-/// (a repository's `sessions` directory). `None` when the command finished before the
-/// signal arrived, so there is nothing to check.
+/// (a repository's `sessions` directory); see [`interrupt_when`].
 pub fn interrupt_once_a_session_appears(
     command: &mut std::process::Command,
     sessions: &Path,
-) -> Option<std::process::Output> {
+) -> std::process::Output {
     let what = format!("no session was registered in {}", sessions.display());
     interrupt_when(
         command,
@@ -895,20 +897,21 @@ pub fn interrupt_once_a_session_appears(
 }
 
 /// Runs `command` and sends it SIGINT `after` the moment `ready` first holds (`what`
-/// says what never happened, if it does not within 30 s). `None` when the command
-/// finished before the signal arrived, so there is nothing to check.
+/// says what never happened, if it does not within 60 s). The command must still run
+/// then, however late a loaded machine runs this thread: hold it to a transfer rate
+/// (`--limit-upload`, `--limit-download`) so that it lasts many seconds by construction.
 pub fn interrupt_when(
     command: &mut std::process::Command,
     what: &str,
     after: std::time::Duration,
     ready: impl Fn() -> bool,
-) -> Option<std::process::Output> {
+) -> std::process::Output {
     let child = command
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !ready() {
         assert!(std::time::Instant::now() < deadline, "{what}");
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -917,9 +920,10 @@ pub fn interrupt_when(
     // SAFETY: kill has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let out = child.wait_with_output().unwrap();
-    if out.status.code() == Some(0) {
-        eprintln!("the command finished before the signal arrived; nothing to check");
-        return None;
-    }
-    Some(out)
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "the command finished before the signal arrived: hold it to a slower rate"
+    );
+    out
 }

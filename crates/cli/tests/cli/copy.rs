@@ -239,11 +239,11 @@ fn ctrl_c_stops_a_copy_and_leaves_a_stopped_session_and_no_snapshot_behind() {
         .args(["copy", "--from-repo"])
         .arg(&env.repo)
         .arg("--from-password-file")
-        .arg(&pw);
+        .arg(&pw)
+        // 60 MB at 2 MB/s: thirty seconds, still running when it is interrupted.
+        .args(["--limit-upload", "2000"]);
     let sessions = env.path("other/sessions");
-    let Some(out) = interrupt_once_a_session_appears(&mut copy, &sessions) else {
-        return;
-    };
+    let out = interrupt_once_a_session_appears(&mut copy, &sessions);
     assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
     assert!(stderr(&out).contains("Interrupted"), "{}", stderr(&out));
     // The session's last file says it stopped: it defers nothing, and the next backup

@@ -139,37 +139,99 @@ fn run_json(env: &TestEnv, args: &[&str]) -> (i32, Value) {
     (code, parse_json(&out.stdout, "run --json")["runs"].clone())
 }
 
-fn daemon(env: &TestEnv) -> Child {
-    spawnable_bare(env)
-        .args(["daemon", "--log-format", "json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+/// A running `cairn daemon --log-format json` whose log is read as it is written, so a
+/// test waits for the event it needs (the signal handlers installed, a reload done, a run
+/// finished) instead of sleeping and hoping the daemon got there on a loaded machine.
+/// A test that fails before [`Daemon::stop`] kills it, so that no daemon outlives its test.
+struct Daemon {
+    child: Option<Child>,
+    log: Arc<Mutex<Vec<Value>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Sends SIGTERM and returns the exit code and the log (JSON lines).
-fn stop(mut child: Child) -> (i32, Vec<Value>, String) {
-    // SAFETY: kill on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
+impl Daemon {
+    fn start(env: &TestEnv, args: &[&str]) -> Daemon {
+        let mut child = spawnable_bare(env)
+            .args(["daemon", "--log-format", "json"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let reader = {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for line in stdout.lines().map_while(Result::ok) {
+                    let event = serde_json::from_str(&line)
+                        .unwrap_or_else(|e| panic!("{line:?} is JSON: {e}"));
+                    log.lock().unwrap().push(event);
+                }
+            })
+        };
+        Daemon {
+            child: Some(child),
+            log,
+            reader: Some(reader),
+        }
     }
-    let out = child.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?} is JSON: {e}")))
-        .collect();
-    (
-        out.status.code().unwrap_or(-1),
-        log,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+
+    fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the daemon runs")
+    }
+
+    fn signal(&self, signal: i32) {
+        let pid = self.child.as_ref().expect("the daemon runs").id();
+        // SAFETY: kill on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid as i32, signal) }, 0);
+    }
+
+    fn events(&self, event: &str) -> Vec<Value> {
+        events(&self.log.lock().unwrap(), event)
+    }
+
+    /// Waits until the log holds `n` events `event`, for at most `secs`; returns them.
+    fn wait_for_events(&self, secs: u64, n: usize, event: &str) -> Vec<Value> {
+        wait_for(
+            secs,
+            &format!("{n} {event} event(s) in the daemon's log"),
+            || self.events(event).len() >= n,
+        );
+        self.events(event)
+    }
+
+    /// Sends SIGTERM and returns the exit code, the whole log and standard error.
+    fn stop(mut self) -> (i32, Vec<Value>, String) {
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child().try_wait().unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = self.child.take().unwrap().wait_with_output().unwrap();
+        if let Some(reader) = self.reader.take() {
+            reader.join().expect("the daemon's log is JSON lines");
+        }
+        let log = std::mem::take(&mut *self.log.lock().unwrap());
+        (
+            out.status.code().unwrap_or(-1),
+            log,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 fn events(log: &[Value], event: &str) -> Vec<Value> {
@@ -417,16 +479,12 @@ fn a_failing_before_hook_fails_the_job_notifies_and_makes_no_snapshot() {
 #[test]
 fn a_notification_that_cannot_be_sent_does_not_fail_the_job() {
     let env = jobs_env("");
-    // A port nobody listens on.
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Port 0, where nothing can listen: a port freed by a listener of this test could be
+    // taken meanwhile by another test's listener, which would answer.
     write_config(
         &env,
         &format!(
-            "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\"]\nnotify = [\"webhook:http://127.0.0.1:{port}/x\"]\n",
+            "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\"]\nnotify = [\"webhook:http://127.0.0.1:0/x\"]\n",
             env.path("src").display()
         ),
     );
@@ -463,8 +521,8 @@ fn a_daemon_runs_a_job_on_its_schedule_with_hooks_in_order_and_notifies() {
         ),
     );
     let started = Instant::now();
-    let child = daemon(&env);
-    wait_for(30, "a run's after hook", || {
+    let daemon = Daemon::start(&env, &[]);
+    wait_for(60, "a run's after hook", || {
         std::fs::read_to_string(&trace).is_ok_and(|t| t.contains("after"))
     });
     assert!(
@@ -479,10 +537,10 @@ fn a_daemon_runs_a_job_on_its_schedule_with_hooks_in_order_and_notifies() {
         "{}",
         stderr(&out)
     );
-    wait_for(10, "the webhook", || {
+    wait_for(60, "the webhook", || {
         http.paths().contains(&"/hook".to_string())
     });
-    let (code, log, err) = stop(child);
+    let (code, log, err) = daemon.stop();
     assert_eq!(code, 0, "{err}");
     assert!(!events(&log, "job_finished").is_empty(), "{log:?}");
     assert_eq!(events(&log, "stopped").len(), 1);
@@ -533,16 +591,14 @@ fn a_run_missed_while_the_daemon_was_stopped_is_caught_up_at_startup() {
     state["last_started_ms"] = (json_u64(&state, "last_started_ms") - 2 * 3_600_000).into();
     std::fs::write(state_file(&env), state.to_string()).unwrap();
 
-    let child = daemon(&env);
-    let edited = json_u64(&state, "last_started_ms");
-    wait_for(30, "the caught-up run", || {
-        let now: Value = serde_json::from_slice(&std::fs::read(state_file(&env)).unwrap()).unwrap();
-        json_u64(&now, "last_started_ms") > edited
-    });
+    let daemon = Daemon::start(&env, &[]);
+    // Scheduled at startup (now, the missed run), then after the run ends. A fixed pause
+    // here let a loaded machine stop the daemon before its loop had seen the run's end,
+    // and the last `scheduled` event was still the one for now.
+    daemon.wait_for_events(60, 1, "job_finished");
+    daemon.wait_for_events(60, 2, "scheduled");
     assert_eq!(snapshots_of(&env, "@a").len(), 2);
-    // The daemon's loop sees the run's end within a tick.
-    std::thread::sleep(Duration::from_millis(500));
-    let (code, log, err) = stop(child);
+    let (code, log, err) = daemon.stop();
     assert_eq!(code, 0, "{err}");
     assert_eq!(events(&log, "missed").len(), 1, "{log:?}");
     // And the next one is an hour after it, not now again.
@@ -572,11 +628,11 @@ fn sigterm_stops_a_backup_in_flight_cleanly_and_the_next_run_completes() {
             marker.display()
         ),
     );
-    let child = daemon(&env);
-    wait_for(30, "the backup to start", || marker.exists());
+    let daemon = Daemon::start(&env, &[]);
+    wait_for(60, "the backup to start", || marker.exists());
     std::thread::sleep(Duration::from_millis(500));
     let stopped = Instant::now();
-    let (code, log, err) = stop(child);
+    let (code, log, err) = daemon.stop();
     assert_eq!(code, 0, "{err}");
     assert!(
         stopped.elapsed() < Duration::from_secs(15),
@@ -647,28 +703,17 @@ fn the_status_endpoint_serves_job_status_and_prometheus_metrics() {
     );
     let token_file = env.path("token");
     std::fs::write(&token_file, "s3cret\n").unwrap();
-    let mut child = spawnable_bare(&env)
-        .args([
-            "daemon",
-            "--log-format",
-            "json",
-            "--listen",
-            "127.0.0.1:0",
-            "--token-file",
-        ])
-        .arg(&token_file)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let token_arg = token_file.to_str().unwrap();
+    let daemon = Daemon::start(
+        &env,
+        &["--listen", "127.0.0.1:0", "--token-file", token_arg],
+    );
     // The first line says where it listens.
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    let first: Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(first["event"], "listening", "{line}");
-    let addr = first["address"].as_str().unwrap().to_string();
-    wait_for(30, "a finished run", || {
+    let listening = daemon.wait_for_events(60, 1, "listening");
+    let first = daemon.log.lock().unwrap()[0].clone();
+    assert_eq!(first["event"], "listening", "{first}");
+    let addr = listening[0]["address"].as_str().unwrap().to_string();
+    wait_for(60, "a finished run", || {
         let (_, body) = http_get(&addr, "/status", Some("s3cret"));
         serde_json::from_str::<Value>(&body).unwrap()["jobs"]["home"]["status"] == "success"
     });
@@ -698,8 +743,7 @@ fn the_status_endpoint_serves_job_status_and_prometheus_metrics() {
         "{status}"
     );
     crate::json_schema::assert_matches_schema("daemon_status", &status, "GET /status");
-    child.stdout = Some(stdout.into_inner());
-    let (code, _, err) = stop(child);
+    let (code, _, err) = daemon.stop();
     assert_eq!(code, 0, "{err}");
 }
 
@@ -754,19 +798,21 @@ fn sighup_reloads_the_config_and_a_broken_one_is_refused() {
         )
     };
     write_config(&env, &job("every 1h"));
-    let child = daemon(&env);
-    let hup = || unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
-    std::thread::sleep(Duration::from_millis(500));
+    let daemon = Daemon::start(&env, &[]);
+    // Its handlers are installed before it says it started: a SIGHUP sent earlier would
+    // end the process. And each reload is waited for, or a loaded machine folds the two
+    // signals into one reload of the second file.
+    daemon.wait_for_events(60, 1, "started");
     write_config(&env, &job("every 1 hour"));
-    hup();
-    std::thread::sleep(Duration::from_millis(500));
+    daemon.signal(libc::SIGHUP);
+    daemon.wait_for_events(60, 1, "reload_failed");
     assert!(!env.path("ran").exists());
     write_config(&env, &job("every 1s"));
-    hup();
-    wait_for(20, "a run on the reloaded schedule", || {
+    daemon.signal(libc::SIGHUP);
+    wait_for(60, "a run on the reloaded schedule", || {
         env.path("ran").exists()
     });
-    let (code, log, err) = stop(child);
+    let (code, log, err) = daemon.stop();
     assert_eq!(code, 0, "{err}");
     let failed = events(&log, "reload_failed");
     assert_eq!(failed.len(), 1, "{log:?}");
@@ -882,28 +928,41 @@ fn limits_nice_runs_the_job_and_its_hooks_at_a_lower_priority() {
 fn a_day_of_a_daemon_in_seconds() {
     let env = jobs_env("");
     let all = env.path("all-runs.log");
+    // The before hook lets four runs through and fails the later ones, which then back up
+    // nothing: stopping the daemon cannot interrupt a fifth run half-way, however late
+    // a loaded machine lets the test send the signal.
+    let admitted = env.path("admitted");
+    std::fs::write(&admitted, "").unwrap();
     write_config(
         &env,
         &format!(
             "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\", \"@b\"]\nschedule = \"every 1s\"\n\
              keep = {{ last = 2 }}\nprune = \"hourly\"\ncheck = {{ every = \"always\", read-data-subset = \"50%\" }}\n\
-             before = \"date +%s%N > {}\"\nafter = \"cat $CAIRN_LOG >> {}\"\n",
+             before = \"test $(wc -l < {admitted}) -lt 4 && echo >> {admitted} && date +%s%N > {}\"\n\
+             after = \"cat $CAIRN_LOG >> {}\"\n",
             env.path("src").display(),
             env.path("src/stamp").display(),
-            all.display()
+            all.display(),
+            admitted = admitted.display(),
         ),
     );
-    let child = daemon(&env);
+    let daemon = Daemon::start(&env, &[]);
     let count = |what: &str| {
         std::fs::read_to_string(&all).map_or(0, |t| t.lines().filter(|l| l.contains(what)).count())
     };
-    wait_for(60, "four runs", || count("backup to @a") >= 4);
-    let (code, log, err) = stop(child);
+    daemon.wait_for_events(240, 5, "job_finished");
+    let (code, log, err) = daemon.stop();
     assert_eq!(code, 0, "{err}");
     let runs = count("backup to @a");
+    assert_eq!(runs, 4, "the before hook admits four runs");
     let finished = events(&log, "job_finished");
+    let (admitted, refused) = finished.split_at(4);
     assert!(
-        finished.iter().all(|e| e["status"] == "success"),
+        admitted.iter().all(|e| e["status"] == "success"),
+        "{finished:?}"
+    );
+    assert!(
+        refused.iter().all(|e| e["status"] != "success"),
         "{finished:?}"
     );
     // Every run copied to @b and forgot down to two snapshots in each repository.

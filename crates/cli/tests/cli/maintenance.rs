@@ -213,12 +213,10 @@ fn ctrl_c_stops_a_backup_cleanly_leaving_a_stopped_session_and_no_snapshot() {
         .env("HOME", env.path("home"))
         .arg("-r")
         .arg(&env.repo)
-        .arg("backup")
+        // 40 MB at 2 MB/s: twenty seconds, still running when it is interrupted.
+        .args(["--limit-upload", "2000", "backup"])
         .arg(&src);
-    let Some(out) = interrupt_once_a_session_appears(&mut backup, &env.repo.join("sessions"))
-    else {
-        return;
-    };
+    let out = interrupt_once_a_session_appears(&mut backup, &env.repo.join("sessions"));
     assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
     assert!(stderr(&out).contains("Interrupted"), "{}", stderr(&out));
     // The session's last file says it stopped: it defers nothing, and the next backup

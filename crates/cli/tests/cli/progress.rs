@@ -26,10 +26,10 @@ fn tree(env: &TestEnv) -> (PathBuf, u64) {
     (src, 23)
 }
 
-/// Held to this rate (KiB/s) in each direction, the tree's 4 MB take at least 0.2 s to
-/// store or read back, forty intervals: an idle machine restored it in 9 ms, and a loaded
-/// one may not run the event thread that soon.
-const RATE_KIB: &str = "20000";
+/// Held to this rate (KiB/s) in each direction, the tree's 4 MB take at least a second to
+/// store or read back, two hundred intervals: an idle machine restored it in 9 ms, and a
+/// loaded one may leave the event thread unscheduled for a good part of a second.
+const RATE_KIB: &str = "4000";
 
 /// Runs `cairn --json ARGS` with a short progress interval and a transfer rate that makes
 /// the command last many intervals: (stdout document, events).
@@ -132,16 +132,19 @@ fn backup_json_events_end_at_the_backups_files_and_bytes() {
         "the current path is a backed-up file: {last}"
     );
 
-    // Unchanged files count at once: the second backup's bytes add up as well.
+    // Unchanged files count at once: the second backup's bytes add up as well. A new file
+    // makes it last many intervals (unchanged files alone take a few milliseconds).
+    write_file(&src.join("new.bin"), &random_bytes(2_000_000, 4));
     let (report, events) = run_json(&env, &["backup", "--exclude", "*.o"], &[&src]);
     let last = last_event(&events, "backup");
     assert_eq!(json_u64(&report, "files_unchanged"), backed_up, "{report}");
+    assert_eq!(json_u64(&report, "files_new"), 1, "{report}");
     assert_eq!(
         json_u64(last, "bytes_done"),
         json_u64(&report, "total_bytes"),
         "{last}"
     );
-    assert_eq!(json_u64(last, "files_done"), backed_up, "{last}");
+    assert_eq!(json_u64(last, "files_done"), backed_up + 1, "{last}");
 }
 
 /// Issue 21, problem 14: the pre-scan counted what ignore files and cache tags leave out,

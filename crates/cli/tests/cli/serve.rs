@@ -413,7 +413,9 @@ fn serve_sixteen_clients_back_up_at_once_and_every_snapshot_restores() {
 }
 
 /// Starts a backup of `src` (of many packs) and calls `during` once
-/// the first pack is on the server's disk, while the backup goes on.
+/// the first pack is on the server's disk, while the backup goes on: held to 2 MB/s, the
+/// backup of 12 MB lasts six seconds, so a test descheduled for a while still finds it
+/// running (unlimited, it could end before the test saw its first pack).
 fn backup_interrupted(
     env: &TestEnv,
     repo_dir: &Path,
@@ -421,7 +423,7 @@ fn backup_interrupted(
     during: impl FnOnce(&mut Child),
 ) -> std::process::Output {
     let mut child = spawnable(env)
-        .args(["backup", "--json", "--no-scan"])
+        .args(["--limit-upload", "2000", "backup", "--json", "--no-scan"])
         .arg(src)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
