@@ -127,7 +127,7 @@ impl TryFrom<String> for Target {
 }
 
 /// The document a webhook receives and a notify command reads, one per run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     pub job: String,
     /// success, partial, failure, interrupted.
@@ -309,16 +309,9 @@ mod tests {
             job: "home".into(),
             status: "failure".into(),
             host: "h".into(),
-            started: String::new(),
             duration_ms: 5,
-            snapshot: None,
-            repositories: Vec::new(),
-            files: 0,
-            bytes_read: 0,
-            bytes_added: 0,
-            errors: 0,
             error: Some("a \"quoted\"\nerror".into()),
-            log_tail: String::new(),
+            ..Report::default()
         };
         assert_eq!(
             fill("{job}: {status} in {duration_ms} ms", &report, false),

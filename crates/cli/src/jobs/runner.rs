@@ -184,20 +184,11 @@ fn run_limited(name: &str, job: &Job, g: &GlobalArgs) -> Outcome {
     let mut state = JobState::load(name);
     let mut report = Report {
         job: name.to_string(),
-        status: String::new(),
         host: host.clone(),
         started: jiff::Timestamp::from_millisecond(started_ms)
             .map(|t| t.to_string())
             .unwrap_or_default(),
-        duration_ms: 0,
-        snapshot: None,
-        repositories: Vec::new(),
-        files: 0,
-        bytes_read: 0,
-        bytes_added: 0,
-        errors: 0,
-        error: None,
-        log_tail: String::new(),
+        ..Report::default()
     };
     let before_ok = match &job.before {
         Some(cmd) => hook(&log, "before", cmd, &env)
