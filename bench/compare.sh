@@ -12,8 +12,10 @@
 # `diff -r --no-dereference`; then the tree goes back as it was for the next tool. Wall
 # time, CPU time (user+sys) and peak RSS come from GNU time; repository size from
 # `du -sb`. Rows for cairn alone: a plain parallel walk that lstat()s every file
-# (crates/core/examples/statwalk.rs), the floor under an unchanged backup; and a copy of
-# the tree backed up into the repository that holds the original (duplicate data).
+# (crates/core/examples/statwalk.rs), the floor under an unchanged backup; a plain
+# parallel write of the tree from memory (crates/core/examples/writefloor.rs: create,
+# write, close, nothing else), the floor under a restore; and a copy of the tree backed
+# up into the repository that holds the original (duplicate data).
 #
 # Prints a table per step and writes the same as markdown to WORKDIR/compare.md. Tools
 # not on PATH are skipped (and listed as such). vykar is not on crates.io, so
@@ -48,7 +50,8 @@ source "$here/bench/lib.sh"
 [ "$install" = 1 ] && "$here/bench/install-peers.sh"
 export PATH="$PATH:${CARGO_HOME:-$HOME/.cargo}/bin"
 cairn=$(build_cairn "$here")
-statwalk=$(build_statwalk "$here")
+statwalk=$(build_example "$here" statwalk)
+writefloor=$(build_example "$here" writefloor)
 
 # ext4 without a journal (as on this VM) skips inodes freed in the last minute, or six
 # while their inode table block is dirty, when it allocates new ones: a restore right
@@ -195,6 +198,19 @@ walk_row() {
     $((rss / 1024)) "$(cat "$log.out")"
 }
 
+# The floor under a restore: the tree written from memory into an empty directory (kept
+# until the corpus is done, as the restores are). The program times its write phase
+# itself, after reading the source; peak memory is that of the whole tree, so none.
+write_row() {
+  local log="$work/logs/$corpus/writefloor" wall cpu rest
+  if ! "$writefloor" "$src" "$work/restore/writefloor" >"$log.out" 2>"$log.err"; then
+    fail "writefloor failed" "$log.err"; return 0
+  fi
+  read -r wall cpu rest <"$log.out"
+  record restore "plain parallel write" "$wall" "$cpu" - -
+  printf '  %-9s %-8s %8s s wall %8s s CPU  (%s)\n' writefloor write "$wall" "$cpu" "$rest"
+}
+
 duplicate_row() {
   local dup="$work/dup/$corpus" m wall cpu rss log="$work/logs/$corpus/cairn-duplicate" added total
   mkdir -p "$work/dup"
@@ -227,6 +243,7 @@ run_tool() {
   step "$tool" backup3 || return 0
   drop_caches; step "$tool" restore || return 0
   verify "$tool"
+  [ "$tool" = cairn ] && write_row
   [ "$tool" = cairn ] && duplicate_row
   # Restored trees and repositories stay until the corpus is done (about 12 GB for
   # either): see the comment on deletions above. (The explicit status: the line above is
@@ -255,6 +272,7 @@ for t in "${tools[@]}"; do versions+=("$(version_of "$t")"); done
 render() {
   awk -F'\t' -v fmt="$1" -v src_bytes="$src_bytes" '
     function mib(b) { return b == "-" ? "-" : sprintf("%.1f", b / 1048576) }
+    function kib(k) { return k == "-" ? "-" : mib(k * 1024) }
     function ratio(c, best, who) {
       if (c == "" || best == "" || best + 0 == 0 || c == "-") return "-"
       return sprintf("%.2f%s (%s)", c / best, fmt == "md" ? "×" : "x", who)
@@ -279,9 +297,9 @@ render() {
       for (i = 1; i <= count[s]; i++) {
         t = tool[s, i]
         if (wall[s, t] == "failed") { row(t, "failed", "-", "-", "-", ""); continue }
-        row(t, wall[s, t], cpu[s, t], mib(rss[s, t] * 1024), mib(size[s, t]),
+        row(t, wall[s, t], cpu[s, t], kib(rss[s, t]), mib(size[s, t]),
             extra == "" ? "" : (t in verified ? verified[t] : "-"))
-        if (t == "cairn" || t == "plain parallel walk") continue
+        if (t == "cairn" || t ~ /^plain parallel/) continue
         if (best_w == "" || wall[s, t] + 0 < best_w + 0) { best_w = wall[s, t]; who_w = t }
         if (best_r == "" || rss[s, t] + 0 < best_r + 0) { best_r = rss[s, t]; who_r = t }
         if (size[s, t] != "-" && (best_s == "" || size[s, t] + 0 < best_s + 0)) {
@@ -312,6 +330,11 @@ render() {
           fmt == "md" ? "×" : "x", fmt == "md" ? "×" : "x"
       table("backup3", "backup after in-place changes (bench/corpus.py change)")
       table("restore", "restore of that last backup (page cache dropped first)", "identical to source")
+      if (("restore", "plain parallel write") in wall && ("restore", "cairn") in wall &&
+          wall["restore", "cairn"] != "failed" && wall["restore", "plain parallel write"] > 0)
+        printf "%scairn restore / plain parallel write (the tree from memory: create, write, close; all cores): %.2f%s\n",
+          fmt == "md" ? "\n" : "  ", wall["restore", "cairn"] / wall["restore", "plain parallel write"],
+          fmt == "md" ? "×" : "x"
       if (dup != "") {
         split(dup, d, "\t")
         title = "duplicate data: a cp -a copy of the tree, backed up into cairn'"'"'s repository holding the original (page cache dropped first)"

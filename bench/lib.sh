@@ -41,9 +41,9 @@ build_cairn() {
   echo "$1/target/release/cairn"
 }
 
-# Builds the plain parallel walk (crates/core/examples/statwalk.rs) in the checkout $1 and
-# prints its path.
-build_statwalk() {
-  (cd "$1" && cargo build --release -p cairn-core --example statwalk -q)
-  echo "$1/target/release/examples/statwalk"
+# Builds example $2 of cairn-core in the checkout $1 and prints its path: statwalk and
+# writefloor (crates/core/examples/), the floors under an unchanged backup and a restore.
+build_example() {
+  (cd "$1" && cargo build --release -p cairn-core --example "$2" -q)
+  echo "$1/target/release/examples/$2"
 }

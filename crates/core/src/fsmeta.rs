@@ -165,6 +165,16 @@ pub struct ApplyOptions {
     pub owners: bool,
     /// The mode to set; `None` when the entry was created with it already.
     pub mode: Option<u32>,
+    /// The owner and group the entry has now, where known for certain: the `chown` is
+    /// skipped when they are already the node's (it would still dirty the inode).
+    pub owner: Option<(u32, u32)>,
+}
+
+impl ApplyOptions {
+    /// Whether `node`'s owner and group must be set.
+    fn chown(&self, node: &Node) -> bool {
+        self.owners && self.owner != Some((node.uid, node.gid))
+    }
 }
 
 /// Applies owner (when `owners`), xattrs, mode and times of `node` to the open file or
@@ -176,7 +186,7 @@ pub fn apply_to_fd(fd: BorrowedFd<'_>, node: &Node, opts: ApplyOptions) -> io::R
     use rustix::fs::{Gid, Uid, XattrFlags};
     apply_steps(
         node,
-        opts.owners,
+        opts.chown(node),
         || {
             let (uid, gid) = (Uid::from_raw(node.uid), Gid::from_raw(node.gid));
             Ok(rustix::fs::fchown(fd, Some(uid), Some(gid))?)
@@ -240,7 +250,7 @@ pub fn apply_beneath(
     let proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
     apply_steps(
         node,
-        opts.owners,
+        opts.chown(node),
         || {
             let (uid, gid) = (Uid::from_raw(node.uid), Gid::from_raw(node.gid));
             Ok(rustix::fs::chownat(

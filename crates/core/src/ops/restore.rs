@@ -570,6 +570,7 @@ impl Restorer<'_> {
             ApplyOptions {
                 owners: self.opts.owners,
                 mode: Some(mode),
+                owner: None,
             },
         )
     }
@@ -830,6 +831,7 @@ impl Restorer<'_> {
                 let opts = ApplyOptions {
                     owners: self.opts.owners,
                     mode: Some(mode),
+                    owner: None,
                 };
                 if let Err(e) = fsmeta::apply_beneath(parent.as_fd(), name, node, opts) {
                     self.problem(path, &format!("metadata not fully restored: {e}"));

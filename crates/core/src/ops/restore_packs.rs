@@ -572,6 +572,8 @@ fn complete(
         let apply = crate::fsmeta::ApplyOptions {
             owners: opts.owners,
             mode: job.chmod,
+            // The file is new: made by this restore, under a temporary name or none.
+            owner: job.dir.new_file_owner(),
         };
         crate::fsmeta::apply_to_fd(file.as_fd(), &job.node, apply)
             .map_err(|e| format!("metadata not restored: {e}"))?;

@@ -1,0 +1,141 @@
+//! The floor under a restore: write a tree that is already in memory, with every core,
+//! doing nothing else. It reads SOURCE whole into memory first (not timed), then creates
+//! its directories, files and symbolic links under TARGET (which must not exist) and
+//! prints how long that took, in wall and CPU time. Files are created with
+//! `O_CREAT|O_EXCL`, written and closed, with no metadata, no temporary names and no
+//! fsync: less than any restore does, so no restore can beat it on the same disk.
+//!
+//! `bench/compare.sh` prints it beside the restores: the share of a restore's time that
+//! is the kernel creating files and copying their bytes into the page cache, which no
+//! restore tool can spend less on.
+//!
+//! usage: cargo run --release -p cairn-core --example writefloor -- SOURCE TARGET
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{Mode, OFlags};
+
+enum Item {
+    File(Vec<u8>),
+    Link(PathBuf),
+}
+
+/// A directory (relative to the root) and the files and links in it.
+type Dir = (PathBuf, Vec<(OsString, Item)>);
+
+/// Every directory under `root`, parents first, with its files and links.
+fn load(root: &Path) -> std::io::Result<Vec<Dir>> {
+    let mut dirs = Vec::new();
+    let mut todo = vec![PathBuf::new()];
+    while let Some(dir) = todo.pop() {
+        let mut items = Vec::new();
+        for entry in fs::read_dir(root.join(&dir))? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                todo.push(dir.join(entry.file_name()));
+            } else if kind.is_file() {
+                items.push((entry.file_name(), Item::File(fs::read(entry.path())?)));
+            } else if kind.is_symlink() {
+                items.push((entry.file_name(), Item::Link(fs::read_link(entry.path())?)));
+            }
+        }
+        dirs.push((dir, items));
+    }
+    Ok(dirs)
+}
+
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// Creates the files and links of one directory, relative to its descriptor as a
+/// restore does.
+fn write(target: &Path, (dir, items): &Dir) -> std::io::Result<()> {
+    let fd = rustix::fs::open(
+        target.join(dir),
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    for (name, item) in items {
+        match item {
+            Item::File(bytes) => {
+                let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
+                let file = rustix::fs::openat(&fd, name, flags, Mode::from_raw_mode(0o644))?;
+                File::from(file).write_all(bytes)?;
+            }
+            Item::Link(to) => rustix::fs::symlinkat(to, &fd, name)?,
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    let [source, target] = args.as_slice() else {
+        eprintln!("usage: writefloor SOURCE TARGET");
+        return ExitCode::from(2);
+    };
+    let dirs = match load(source) {
+        Ok(loaded) => loaded,
+        Err(err) => {
+            eprintln!("writefloor: reading {}: {err}", source.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let items = dirs.iter().flat_map(|(_, items)| items);
+    let (count, bytes) = items.fold((0, 0), |(n, b), (_, item)| match item {
+        Item::File(bytes) => (n + 1, b + bytes.len()),
+        Item::Link(_) => (n + 1, b),
+    });
+
+    let (started, cpu) = (Instant::now(), cpu_time());
+    for (dir, _) in &dirs {
+        if let Err(err) = fs::create_dir(target.join(dir)) {
+            eprintln!("writefloor: creating {}: {err}", target.join(dir).display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let next = AtomicUsize::new(0);
+    let failed = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                while let Some(dir) = dirs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if let Err(err) = write(target, dir) {
+                        eprintln!("writefloor: writing in {}: {err}", dir.0.display());
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    let (wall, cpu) = (started.elapsed(), cpu_time() - cpu);
+    println!(
+        "{:.2} {:.2} {} directories, {count} files and links, {bytes} bytes",
+        wall.as_secs_f64(),
+        cpu.as_secs_f64(),
+        dirs.len(),
+    );
+    if failed.load(Ordering::Relaxed) > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
