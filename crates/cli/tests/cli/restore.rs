@@ -77,6 +77,34 @@ fn restore_recreates_owners_of_files_dirs_and_symlinks() {
     assert_trees_equal(&src, &restored, Compare::ALL);
 }
 
+/// Restore skips the chown of a new file that already has its owner and group. Files
+/// owned by the restoring user, restored into a setgid directory of another group, get
+/// that group from the kernel: the chown must still happen, in every directory the
+/// restore makes there (setgid is inherited), for every file size.
+#[test]
+fn files_of_the_restoring_user_keep_their_group_in_a_setgid_target() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("top.txt"), b"top\n");
+    write_file(&src.join("deep/er/small.txt"), b"small\n");
+    write_file(&src.join("deep/large.bin"), &vec![7u8; 5 << 20]);
+    // Made by this process: the restoring user's owner and group.
+    let made = fs::metadata(src.join("top.txt")).unwrap();
+    let (uid, gid) = (made.uid(), made.gid());
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    fs::create_dir(&target).unwrap();
+    let other_group = gid + 4242;
+    std::os::unix::fs::chown(&target, None, Some(other_group)).unwrap();
+    fs::set_permissions(&target, fs::Permissions::from_mode(0o2755)).unwrap();
+    env.restore("latest", &target, &[]);
+    let restored = restored_path(&target, &src);
+    for f in ["top.txt", "deep/er/small.txt", "deep/large.bin"] {
+        let m = fs::metadata(restored.join(f)).unwrap();
+        assert_eq!((m.uid(), m.gid()), (uid, gid), "{f}");
+    }
+}
+
 #[test]
 fn restore_recreates_user_xattrs() {
     let env = TestEnv::with_repo();
