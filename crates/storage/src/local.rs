@@ -5,6 +5,8 @@
 //! without a separate check that could race. The directory is fsynced afterwards so the
 //! new name survives a crash. Temporary files start with `.tmp-`, a prefix object names
 //! may not use, so a crash can leave one behind but [`Storage::list`] never shows it.
+//! An object whose name is known only at its end (a pack, [`Storage::begin_unnamed_write`])
+//! is written to a temporary file in a directory above its target, then linked the same way.
 //!
 //! Files are created 0600 and directories 0700 (less if the umask says so): a repository
 //! holds key files, which anyone who can read them can attack offline, password guess
@@ -245,6 +247,7 @@ impl LocalStorage {
             temp,
         })
     }
+
     fn already_exists(&self, name: &str) -> StorageError {
         StorageError::AlreadyExists {
             name: name.to_owned(),
