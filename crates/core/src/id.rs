@@ -130,11 +130,14 @@ typed_id!(
     KeyId
 );
 
+/// The directory of pack files.
+pub const PACK_DIR: &str = "data";
+
 impl PackId {
     /// Storage name: packs are fanned out by the first byte of their id.
     pub fn storage_name(&self) -> String {
         let hex = self.to_hex();
-        format!("data/{}/{}", &hex[..2], hex)
+        format!("{PACK_DIR}/{}/{}", &hex[..2], hex)
     }
 }
 

@@ -7,8 +7,11 @@
 //! header := seal(postcard(PackHeader))                as Purpose::PackHeader
 //! ```
 //!
-//! A pack is built in memory and written in one go, so no reader ever sees half of one.
+//! A pack is built in memory and written in one go ([`PackWriter`]), or written to a
+//! temporary object as it fills and named when whole ([`StreamedPack`]): either way no
+//! reader ever sees half of one.
 
+use cairn_storage::{StorageError, UnnamedWrite};
 use serde::{Deserialize, Serialize};
 
 use crate::crypto::{MasterKey, Purpose, SEAL_OVERHEAD};
@@ -111,19 +114,95 @@ impl PackWriter {
 
     /// Appends the sealed header and returns the finished pack, its id and its entries.
     pub fn finish(mut self, key: &MasterKey) -> (PackId, Vec<u8>, Vec<PackEntry>) {
-        let header = PackHeader {
-            version: PACK_VERSION,
-            entries: self.entries,
-        };
-        let plain = postcard::to_stdvec(&header).expect("a pack header serializes");
-        // Format 2 pads the header, so its length does not give away the blob count.
-        let sealed = key.seal(Purpose::PackHeader, &plain);
-        self.buf.extend_from_slice(&sealed);
-        self.buf
-            .extend_from_slice(&(sealed.len() as u32).to_le_bytes());
+        self.buf.extend_from_slice(&end_of_pack(key, &self.entries));
         let id = PackId::of_bytes(&self.buf);
-        (id, self.buf, header.entries)
+        (id, self.buf, self.entries)
     }
+}
+
+/// What follows the blobs of a pack holding `entries`: the sealed header and its length.
+fn end_of_pack(key: &MasterKey, entries: &[PackEntry]) -> Vec<u8> {
+    let header = PackHeader {
+        version: PACK_VERSION,
+        entries: entries.to_vec(),
+    };
+    let plain = postcard::to_stdvec(&header).expect("a pack header serializes");
+    // Format 2 pads the header, so its length does not give away the blob count.
+    let mut end = key.seal(Purpose::PackHeader, &plain);
+    let len = end.len() as u32;
+    end.extend_from_slice(&len.to_le_bytes());
+    end
+}
+
+/// A pack written to storage as it fills ([`Storage::begin_unnamed_write`]), where a
+/// [`PackWriter`] holds the whole pack in memory: each blob goes to the object as it
+/// comes, and the pack's id, the hash of all its bytes, is known once the header is
+/// appended. Dropped before [`UnnamedWrite::commit_as`], nothing is left of it.
+pub struct StreamedPack {
+    out: Box<dyn UnnamedWrite>,
+    hasher: blake3::Hasher,
+    len: u64,
+    entries: Vec<PackEntry>,
+}
+
+impl StreamedPack {
+    pub fn new(out: Box<dyn UnnamedWrite>) -> Self {
+        StreamedPack {
+            out,
+            hasher: blake3::Hasher::new(),
+            len: 0,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Appends a blob that is already compressed and sealed.
+    pub fn add(
+        &mut self,
+        id: BlobId,
+        kind: BlobKind,
+        sealed: &[u8],
+        raw_length: u32,
+    ) -> Result<(), StorageError> {
+        self.out.write_all(sealed)?;
+        self.hasher.update(sealed);
+        self.entries.push(PackEntry {
+            id,
+            kind,
+            offset: self.len as u32,
+            length: sealed.len() as u32,
+            raw_length,
+        });
+        self.len += sealed.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.len
+    }
+
+    /// Appends the sealed header.
+    pub fn finish(mut self, key: &MasterKey) -> Result<FinishedPack, StorageError> {
+        let end = end_of_pack(key, &self.entries);
+        self.out.write_all(&end)?;
+        self.hasher.update(&end);
+        Ok(FinishedPack {
+            id: PackId(*self.hasher.finalize().as_bytes()),
+            object: self.out,
+            len: self.len + end.len() as u64,
+            entries: self.entries,
+        })
+    }
+}
+
+/// A [`StreamedPack`] written whole.
+pub struct FinishedPack {
+    pub id: PackId,
+    /// Written, not yet named: the caller commits it under the id's name.
+    pub object: Box<dyn UnnamedWrite>,
+    /// Its size in bytes.
+    pub len: u64,
+    pub entries: Vec<PackEntry>,
 }
 
 /// Size of the whole pack file that holds exactly `entries` (in any order): the blobs,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cairn_storage::Storage;
+use cairn_storage::{Storage, UnnamedWrite};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 
 use crate::error::{Error, Result};
@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 pub struct Stored<T> {
     /// What the caller sent with it.
     pub tag: T,
-    /// The object's bytes, handed back for reuse.
+    /// The object's bytes, handed back for reuse (none for [`Body::Written`]).
     pub bytes: Vec<u8>,
     /// How long the store took.
     pub took: Duration,
@@ -32,7 +32,16 @@ pub struct Stored<T> {
 struct Job {
     seq: u64,
     name: String,
-    bytes: Vec<u8>,
+    body: Body,
+}
+
+/// What a store writes.
+pub enum Body {
+    /// The object's bytes.
+    Bytes(Vec<u8>),
+    /// An object already written ([`Storage::begin_unnamed_write`]), to commit under its
+    /// name: made durable and linked into place.
+    Written(Box<dyn UnnamedWrite>),
 }
 
 /// A store's result as it comes back, for [`Stores::arrived`].
@@ -61,18 +70,25 @@ impl<T> Stores<T> {
                 let (jobs, done) = (job_rx.clone(), done_tx.clone());
                 let storage = storage.clone();
                 std::thread::spawn(move || {
-                    for Job { seq, name, bytes } in jobs {
+                    for Job { seq, name, body } in jobs {
                         let started = Instant::now();
                         // A panic would leave its result missing and the caller waiting.
-                        let result =
-                            std::panic::catch_unwind(AssertUnwindSafe(|| match &storage {
-                                Some(storage) => storage.write(&name, &bytes).map_err(Into::into),
-                                None => Ok(()),
-                            }))
-                            .unwrap_or_else(|_| {
-                                Err(Error::InvalidInput(format!("storing {name} panicked")))
-                            })
-                            .map(|()| (bytes, started.elapsed()));
+                        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                            match (&storage, body) {
+                                (Some(storage), Body::Bytes(bytes)) => {
+                                    storage.write(&name, &bytes).map(|()| bytes)
+                                }
+                                (_, Body::Written(object)) => {
+                                    object.commit_as(&name).map(|()| Vec::new())
+                                }
+                                (None, Body::Bytes(bytes)) => Ok(bytes),
+                            }
+                            .map_err(Into::into)
+                        }))
+                        .unwrap_or_else(|_| {
+                            Err(Error::InvalidInput(format!("storing {name} panicked")))
+                        })
+                        .map(|bytes| (bytes, started.elapsed()));
                         if done.send(Arrival(seq, result)).is_err() {
                             return;
                         }
@@ -90,14 +106,14 @@ impl<T> Stores<T> {
         }
     }
 
-    /// Starts storing `bytes` under `name`.
-    pub fn send(&mut self, name: String, bytes: Vec<u8>, tag: T) {
+    /// Starts storing `body` under `name`.
+    pub fn send(&mut self, name: String, body: Body, tag: T) {
         let seq = self.next;
         self.next += 1;
         self.waiting.push_back((seq, tag));
         if let Some(jobs) = &self.jobs {
             // The threads end only when `jobs` is dropped, so the send cannot fail.
-            let _ = jobs.send(Job { seq, name, bytes });
+            let _ = jobs.send(Job { seq, name, body });
         }
     }
 
@@ -176,7 +192,8 @@ mod tests {
         // Large and small objects, so that later ones often finish first.
         for i in 0..32u32 {
             let len = if i % 2 == 0 { 4 << 20 } else { 10 };
-            stores.send(format!("data/{i:02x}/{i}"), vec![i as u8; len], i);
+            let bytes = Body::Bytes(vec![i as u8; len]);
+            stores.send(format!("data/{i:02x}/{i}"), bytes, i);
         }
         assert_eq!(stores.in_flight(), 32);
         let mut taken = 0;
@@ -199,8 +216,8 @@ mod tests {
         let storage: Arc<dyn Storage> = Arc::new(LocalStorage::new(dir.path()));
         storage.write("data/00/taken", b"first").unwrap();
         let mut stores = Stores::new(Some(storage), 2);
-        stores.send("data/00/free".into(), b"a".to_vec(), "free");
-        stores.send("data/00/taken".into(), b"b".to_vec(), "taken");
+        stores.send("data/00/free".into(), Body::Bytes(b"a".to_vec()), "free");
+        stores.send("data/00/taken".into(), Body::Bytes(b"b".to_vec()), "taken");
         assert!(stores.take_oldest().unwrap().is_ok());
         let Some(Err(err)) = stores.take_oldest() else {
             panic!("an existing name is an error")

@@ -22,7 +22,7 @@ pub mod testsuite;
 pub use counts::RequestCounts;
 pub use error::{Result, StorageError};
 pub use limit::{Limited, RateLimits};
-pub use local::{LocalStorage, PendingWrite};
+pub use local::{LocalStorage, LocalUnnamedWrite, PendingWrite};
 pub use location::{open, open_with, Location, OpenOptions};
 pub use remote::{RemoteStorage, S3Config, SftpConfig};
 
@@ -79,6 +79,19 @@ pub fn delete_if_present(storage: &dyn Storage, name: &str) -> Result<()> {
     }
 }
 
+/// An object being written by [`Storage::begin_unnamed_write`]. Dropped without
+/// `commit_as`, it leaves nothing behind; a crash may leave a temporary file, which
+/// [`Storage::temporaries`] names.
+pub trait UnnamedWrite: Send + std::fmt::Debug {
+    /// Appends `data` to the object's bytes.
+    fn write_all(&mut self, data: &[u8]) -> Result<()>;
+
+    /// Makes the object durable under `name`, which must lie below the directory the
+    /// write began in, as [`Storage::write`] would; [`StorageError::AlreadyExists`] if
+    /// the name is taken (the existing file is untouched).
+    fn commit_as(self: Box<Self>, name: &str) -> Result<()>;
+}
+
 /// A store of named, write-once files.
 ///
 /// Names are relative paths of `/`-separated components of ASCII letters, digits, `.`,
@@ -100,6 +113,15 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// the name exists (the existing file is untouched). On failure nothing is left
     /// behind.
     fn write(&self, name: &str, data: &[u8]) -> Result<()>;
+
+    /// Starts writing an object below `dir` whose name is known only once its bytes are
+    /// (a pack, named by the hash of its bytes), so that its bytes need not be held in
+    /// memory; `None` where the store cannot (the caller then gathers the bytes and calls
+    /// [`write`](Self::write)). The object appears only at
+    /// [`UnnamedWrite::commit_as`], with every promise of `write`.
+    fn begin_unnamed_write(&self, _dir: &str) -> Option<Result<Box<dyn UnnamedWrite>>> {
+        None
+    }
 
     /// Full names (like `data/ab/abcd..`) of all files below `dir`, recursively, sorted.
     /// `""` lists the whole store. Temporary files of unfinished writes are never listed;

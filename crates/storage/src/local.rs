@@ -5,6 +5,8 @@
 //! without a separate check that could race. The directory is fsynced afterwards so the
 //! new name survives a crash. Temporary files start with `.tmp-`, a prefix object names
 //! may not use, so a crash can leave one behind but [`Storage::list`] never shows it.
+//! An object whose name is known only at its end (a pack, [`Storage::begin_unnamed_write`])
+//! is written to a temporary file in a directory above its target, then linked the same way.
 //!
 //! Files are created 0600 and directories 0700 (less if the umask says so): a repository
 //! holds key files, which anyone who can read them can attack offline, password guess
@@ -20,7 +22,7 @@ use std::time::SystemTime;
 
 use crate::direct::{DirectWriter, DIRECT_FROM};
 use crate::name::{is_temporary_name, valid_component, validate_name, TEMP_PREFIX};
-use crate::{Result, Storage, StorageError};
+use crate::{Result, Storage, StorageError, UnnamedWrite};
 
 /// A store in a directory of the local file system.
 #[derive(Debug, Clone)]
@@ -190,7 +192,18 @@ impl LocalStorage {
             return Err(self.already_exists(name));
         }
         let dir = parent_dir(&path).to_owned();
-        self.create_dirs(&dir, name)?;
+        let temp = self.start_temp(&dir, name, len >= DIRECT_FROM)?;
+        Ok(PendingWrite {
+            name: name.to_owned(),
+            path,
+            temp,
+        })
+    }
+
+    /// A new temporary file in `dir` (created if missing) for object `name`, written
+    /// with `O_DIRECT` if `direct` and the file system takes it.
+    fn start_temp(&self, dir: &Path, name: &str, direct: bool) -> Result<TempWrite> {
+        self.create_dirs(dir, name)?;
         let temp = dir.join(format!(
             "{TEMP_PREFIX}{}",
             hex::encode(rand::random::<[u8; 8]>())
@@ -202,19 +215,36 @@ impl LocalStorage {
         let file = options
             .open(&temp)
             .map_err(|err| self.write_error("create temporary file for", name, err))?;
-        let direct = if len >= DIRECT_FROM {
+        let direct = if direct {
             DirectWriter::start(&file)
         } else {
             None
         };
-        Ok(PendingWrite {
+        Ok(TempWrite {
             storage: self.clone(),
-            name: name.to_owned(),
-            path,
             file,
             direct,
             // From here on the guard removes the file on every error path.
             temp: TempFile { path: temp },
+        })
+    }
+
+    /// Starts writing an object whose name is known only once its bytes are (a pack,
+    /// named by the hash of its bytes): a temporary file in `dir`, written with
+    /// `O_DIRECT` where the file system takes it, which [`UnnamedWrite::commit_as`] links
+    /// under its name. A crash leaves the temporary file where
+    /// [`Storage::temporaries`] finds it.
+    pub fn begin_unnamed_write(&self, dir: &str) -> Result<LocalUnnamedWrite> {
+        let path = self.path(dir)?;
+        let temp = self.start_temp(&path, dir, true)?;
+        let temp_name = match temp.temp.path.file_name().and_then(|n| n.to_str()) {
+            Some(file) => format!("{dir}/{file}"),
+            None => dir.to_owned(),
+        };
+        Ok(LocalUnnamedWrite {
+            dir: dir.to_owned(),
+            temp_name,
+            temp,
         })
     }
 
@@ -229,32 +259,83 @@ impl LocalStorage {
 /// An object being written by [`LocalStorage::begin_write`].
 #[derive(Debug)]
 pub struct PendingWrite {
-    storage: LocalStorage,
     name: String,
     path: PathBuf,
+    temp: TempWrite,
+}
+
+impl PendingWrite {
+    /// Appends `data` to the object's bytes.
+    pub fn write_all(&mut self, data: &[u8]) -> Result<()> {
+        self.temp.write_all(&self.name, data)
+    }
+
+    /// Makes the object durable under its name; [`StorageError::AlreadyExists`] if the
+    /// name was taken meanwhile (the existing file is untouched).
+    pub fn commit(self) -> Result<()> {
+        self.temp.commit(&self.name, &self.path)
+    }
+}
+
+/// An object being written by [`LocalStorage::begin_unnamed_write`].
+#[derive(Debug)]
+pub struct LocalUnnamedWrite {
+    /// Where the object's name must lie: a hard link does not cross file systems, and a
+    /// directory of the store may be a link to another disk.
+    dir: String,
+    /// The temporary file's name, for errors before the object has a name.
+    temp_name: String,
+    temp: TempWrite,
+}
+
+impl UnnamedWrite for LocalUnnamedWrite {
+    fn write_all(&mut self, data: &[u8]) -> Result<()> {
+        self.temp.write_all(&self.temp_name, data)
+    }
+
+    fn commit_as(self: Box<Self>, name: &str) -> Result<()> {
+        let storage = &self.temp.storage;
+        let path = storage.path(name)?;
+        if !name
+            .strip_prefix(self.dir.as_str())
+            .is_some_and(|rest| rest.starts_with('/'))
+        {
+            return Err(StorageError::InvalidName {
+                name: name.to_owned(),
+                location: storage.location(),
+            });
+        }
+        storage.create_dirs(parent_dir(&path), name)?;
+        self.temp.commit(name, &path)
+    }
+}
+
+/// The temporary file of an object being written.
+#[derive(Debug)]
+struct TempWrite {
+    storage: LocalStorage,
     file: File,
     /// Writing with `O_DIRECT`, when large and the file system takes it.
     direct: Option<DirectWriter>,
     temp: TempFile,
 }
 
-impl PendingWrite {
-    /// Appends `data` to the object's bytes.
-    pub fn write_all(&mut self, data: &[u8]) -> Result<()> {
+impl TempWrite {
+    /// Appends `data` to the bytes of object `name`.
+    fn write_all(&mut self, name: &str, data: &[u8]) -> Result<()> {
         match &mut self.direct {
             Some(direct) => direct.write_all(&self.file, data),
             None => self.file.write_all(data),
         }
-        .map_err(|err| self.storage.write_error("write", &self.name, err))
+        .map_err(|err| self.storage.write_error("write", name, err))
     }
 
-    /// Makes the object durable under its name; [`StorageError::AlreadyExists`] if the
-    /// name was taken meanwhile (the existing file is untouched).
-    pub fn commit(self) -> Result<()> {
-        let PendingWrite {
+    /// Makes the bytes durable as object `name` at `path`: fsync, link, fsync of the
+    /// directory. [`StorageError::AlreadyExists`] if the name was taken meanwhile (the
+    /// existing file is untouched).
+    fn commit(self, name: &str, path: &Path) -> Result<()> {
+        let TempWrite {
             storage,
-            name,
-            path,
             file,
             direct,
             temp,
@@ -262,24 +343,24 @@ impl PendingWrite {
         if let Some(direct) = direct {
             direct
                 .finish(&file)
-                .map_err(|err| storage.write_error("write", &name, err))?;
+                .map_err(|err| storage.write_error("write", name, err))?;
         }
         file.sync_all()
-            .map_err(|err| storage.write_error("sync", &name, err))?;
+            .map_err(|err| storage.write_error("sync", name, err))?;
         drop(file);
-        match fs::hard_link(&temp.path, &path) {
+        match fs::hard_link(&temp.path, path) {
             Ok(()) => {}
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {
-                return Err(storage.already_exists(&name))
+                return Err(storage.already_exists(name))
             }
-            Err(err) => return Err(storage.write_error("link", &name, err)),
+            Err(err) => return Err(storage.write_error("link", name, err)),
         }
         drop(temp);
-        if let Err(err) = sync_dir(parent_dir(&path)) {
+        if let Err(err) = sync_dir(parent_dir(path)) {
             // The name may not survive a crash, so do not report it as written; removing
             // it keeps the promise that a failed write leaves nothing behind.
-            let _ = fs::remove_file(&path);
-            return Err(storage.write_error("sync", &name, err));
+            let _ = fs::remove_file(path);
+            return Err(storage.write_error("sync", name, err));
         }
         Ok(())
     }
@@ -335,6 +416,13 @@ impl Storage for LocalStorage {
         let mut pending = self.begin_write(name, data.len() as u64)?;
         pending.write_all(data)?;
         pending.commit()
+    }
+
+    fn begin_unnamed_write(&self, dir: &str) -> Option<Result<Box<dyn UnnamedWrite>>> {
+        Some(
+            LocalStorage::begin_unnamed_write(self, dir)
+                .map(|w| Box::new(w) as Box<dyn UnnamedWrite>),
+        )
     }
 
     fn list(&self, dir: &str) -> Result<Vec<String>> {

@@ -3,6 +3,7 @@ use std::io;
 
 use super::*;
 use crate::testsuite;
+use crate::UnnamedWrite;
 
 fn store() -> (tempfile::TempDir, LocalStorage) {
     let dir = tempfile::tempdir().unwrap();
@@ -242,4 +243,64 @@ fn more_objects_than_are_kept_open_all_read_back() {
         }
     }
     assert!(storage.open.lock().unwrap().len() <= KEPT_OPEN);
+}
+
+/// The bytes of an unnamed write read back exactly under the name it is committed as,
+/// whatever their size (around the `O_DIRECT` block and gathering buffer) and however
+/// they were given; nothing is left beside them.
+#[test]
+fn an_unnamed_write_reads_back_under_its_name() {
+    let (_dir, storage) = store();
+    for (i, size) in [0, 1, 4095, 4097, (1 << 20) - 1, 1 << 20, (3 << 20) + 4099]
+        .into_iter()
+        .enumerate()
+    {
+        let data: Vec<u8> = (0..size).map(|b| (b * 13 + i) as u8).collect();
+        let mut write = storage.begin_unnamed_write("data").unwrap();
+        for piece in data.chunks(65_537) {
+            write.write_all(piece).unwrap();
+        }
+        let name = format!("data/{i:02x}/object{i}");
+        Box::new(write).commit_as(&name).unwrap();
+        assert_eq!(storage.read(&name).unwrap(), data, "size {size}");
+    }
+    assert!(storage.temporaries().unwrap().is_empty());
+    assert_eq!(storage.list("").unwrap().len(), 7);
+}
+
+/// Dropped without a commit, an unnamed write leaves no file; until then its temporary
+/// file is one that `temporaries` finds (what a crash would leave), never listed.
+#[test]
+fn an_unnamed_write_not_committed_leaves_only_a_temporary_file_and_that_until_dropped() {
+    let (_dir, storage) = store();
+    let mut write = storage.begin_unnamed_write("data").unwrap();
+    write.write_all(&vec![7; 3 << 20]).unwrap();
+    let temporaries = storage.temporaries().unwrap();
+    assert_eq!(temporaries.len(), 1, "{temporaries:?}");
+    assert!(
+        temporaries[0].0.starts_with("data/.tmp-"),
+        "{temporaries:?}"
+    );
+    assert!(storage.list("").unwrap().is_empty());
+    drop(write);
+    assert!(storage.temporaries().unwrap().is_empty());
+    assert_eq!(all_files(storage.root()), Vec::<PathBuf>::new());
+}
+
+/// A name taken, or outside the directory the write began in, is refused, and the
+/// existing object is untouched.
+#[test]
+fn an_unnamed_write_commits_only_to_a_free_name_below_its_directory() {
+    let (_dir, storage) = store();
+    storage.write("data/ab/ab12", b"first").unwrap();
+    let mut write = Box::new(storage.begin_unnamed_write("data").unwrap());
+    write.write_all(b"second").unwrap();
+    let err = write.commit_as("data/ab/ab12").unwrap_err();
+    assert!(matches!(err, StorageError::AlreadyExists { .. }), "{err:?}");
+    assert_eq!(storage.read("data/ab/ab12").unwrap(), b"first");
+    let write = Box::new(storage.begin_unnamed_write("data").unwrap());
+    let err = write.commit_as("index/ab12").unwrap_err();
+    assert!(matches!(err, StorageError::InvalidName { .. }), "{err:?}");
+    assert_eq!(storage.list("").unwrap(), ["data/ab/ab12"]);
+    assert!(storage.temporaries().unwrap().is_empty());
 }

@@ -415,10 +415,14 @@ pub fn prune(
         trash::replace(repo, &mut trash, generation, remaining)?;
     }
 
-    // 5. What cut writes and ended sessions left behind.
+    // 5. What cut writes and ended sessions left behind. Not while another session is
+    // live: a backup into a local repository writes each data pack to a temporary file
+    // until the pack is full, which takes as long as its source takes (a slow stream on
+    // standard input), so a temporary file older than the grace period may be in use.
     let grace = grace();
+    let writers_live = survey.live().next().is_some();
     for (name, time) in repo.storage().temporaries()? {
-        if survey.now.duration_since(time).unwrap_or_default() > grace {
+        if !writers_live && survey.now.duration_since(time).unwrap_or_default() > grace {
             match repo.storage().delete_temporary(&name) {
                 Ok(()) | Err(cairn_storage::StorageError::NotFound { .. }) => {}
                 Err(e) => return Err(e.into()),
