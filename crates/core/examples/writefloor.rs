@@ -104,6 +104,11 @@ fn main() -> ExitCode {
         Item::Link(_) => (n + 1, b),
     });
 
+    // Largest directories first, so that no thread is left alone with a large one at the
+    // end.
+    let mut order: Vec<&Dir> = dirs.iter().collect();
+    order.sort_by_key(|(_, items)| std::cmp::Reverse(items.len()));
+
     let (started, cpu) = (Instant::now(), cpu_time());
     for (dir, _) in &dirs {
         if let Err(err) = fs::create_dir(target.join(dir)) {
@@ -117,7 +122,7 @@ fn main() -> ExitCode {
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| {
-                while let Some(dir) = dirs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                while let Some(dir) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
                     if let Err(err) = write(target, dir) {
                         eprintln!("writefloor: writing in {}: {err}", dir.0.display());
                         failed.fetch_add(1, Ordering::Relaxed);

@@ -10,10 +10,17 @@
 //! blocks at a time; the last partial block goes through the page cache. Where the file
 //! system refuses `O_DIRECT` (tmpfs before Linux 6.6, some FUSE file systems), writes
 //! fall back to the page cache: the caller's `fsync` makes the object durable either way.
+//!
+//! The windows are written on a thread of the object's own while the caller fills the
+//! next: the caller (the backup's packer) would otherwise wait on the device for every
+//! MiB, and a first backup of the mixed corpus with the page cache dropped took 2.37 and
+//! 2.60 s against 2.28 and 2.32 s when whole packs were stored on a thread of their own.
 
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::thread::JoinHandle;
 
 /// An alignment that satisfies every common device (512-byte and 4 KiB sectors).
 const BLOCK: usize = 4096;
@@ -21,21 +28,59 @@ const BLOCK: usize = 4096;
 /// Bytes gathered before a write: a 16 MiB pack is 16 system calls.
 const GATHER: usize = 1 << 20;
 
+/// Windows of one object at most: one filling, the others being written.
+const WINDOWS: usize = 3;
+
 /// Objects at least this large are written with `O_DIRECT`; smaller ones (snapshots,
 /// sessions, most index files) would spend more on the aligned buffer than they save.
 pub(crate) const DIRECT_FROM: u64 = 1 << 20;
 
-/// The bytes of one object on their way to its file.
-pub(crate) struct DirectWriter {
-    /// `GATHER` bytes starting at `start` are the aligned window.
+/// `GATHER` bytes aligned to `BLOCK`.
+struct Window {
     raw: Vec<u8>,
     start: usize,
-    /// Bytes gathered in the window.
-    len: usize,
-    /// File offset of the window's first byte.
+}
+
+impl Window {
+    fn new() -> Window {
+        let raw = vec![0u8; GATHER + BLOCK];
+        // At most BLOCK - 1 for a byte pointer.
+        let start = raw.as_ptr().align_offset(BLOCK);
+        Window { raw, start }
+    }
+
+    fn bytes(&self, n: usize) -> &[u8] {
+        &self.raw[self.start..self.start + n]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.start..self.start + GATHER]
+    }
+}
+
+/// A full window and where it goes in the file.
+struct Full {
+    window: Window,
     offset: u64,
-    /// False once the file system refused `O_DIRECT`: plain writes from then on.
-    direct: bool,
+}
+
+/// The bytes of one object on their way to its file.
+pub(crate) struct DirectWriter {
+    /// The window being filled.
+    window: Window,
+    /// Bytes gathered in it.
+    len: usize,
+    /// File offset of its first byte.
+    offset: u64,
+    /// Windows made so far (at most `WINDOWS`).
+    made: usize,
+    /// Full windows to the writing thread; `None` once it is stopped.
+    full: Option<Sender<Full>>,
+    /// Windows written, back for reuse.
+    written: Receiver<Window>,
+    /// The writing thread: its first failure, or whether the file system still takes
+    /// `O_DIRECT`.
+    thread: Option<JoinHandle<io::Result<bool>>>,
 }
 
 impl std::fmt::Debug for DirectWriter {
@@ -43,7 +88,6 @@ impl std::fmt::Debug for DirectWriter {
         f.debug_struct("DirectWriter")
             .field("gathered", &self.len)
             .field("offset", &self.offset)
-            .field("direct", &self.direct)
             .finish()
     }
 }
@@ -52,73 +96,132 @@ impl DirectWriter {
     /// Turns `O_DIRECT` on for `file` (opened for writing, empty); `None` where the file
     /// system does not take it.
     pub(crate) fn start(file: &File) -> Option<DirectWriter> {
+        // The thread's descriptor shares the open file, and with it the O_DIRECT flag.
+        let out = file.try_clone().ok()?;
         set_direct(file, true).ok()?;
-        let raw = vec![0u8; GATHER + BLOCK];
-        let start = raw.as_ptr().align_offset(BLOCK);
-        if start > BLOCK {
-            // Not reachable for a byte pointer, but then plain writes are still right.
+        let (full, to_write) = channel::<Full>();
+        let (give_back, written) = channel::<Window>();
+        let thread = std::thread::Builder::new()
+            .name("direct-write".into())
+            .spawn(move || {
+                let mut direct = true;
+                for Full { window, offset } in to_write {
+                    write_at(&out, window.bytes(GATHER), offset, &mut direct)?;
+                    // The writer may be gone (dropped after a failure elsewhere).
+                    let _ = give_back.send(window);
+                }
+                Ok(direct)
+            });
+        let Ok(thread) = thread else {
             let _ = set_direct(file, false);
             return None;
-        }
+        };
         Some(DirectWriter {
-            raw,
-            start,
+            window: Window::new(),
             len: 0,
             offset: 0,
-            direct: true,
+            made: 1,
+            full: Some(full),
+            written,
+            thread: Some(thread),
         })
     }
 
-    pub(crate) fn write_all(&mut self, file: &File, mut data: &[u8]) -> io::Result<()> {
+    /// Appends `data` to the object.
+    pub(crate) fn write_all(&mut self, mut data: &[u8]) -> io::Result<()> {
         while !data.is_empty() {
             let n = (GATHER - self.len).min(data.len());
-            let at = self.start + self.len;
-            self.raw[at..at + n].copy_from_slice(&data[..n]);
+            self.window.bytes_mut()[self.len..self.len + n].copy_from_slice(&data[..n]);
             self.len += n;
             data = &data[n..];
             if self.len == GATHER {
-                self.write_out(file, GATHER)?;
+                self.send_window()?;
             }
         }
         Ok(())
     }
 
-    /// Writes what is left: whole blocks directly, the last partial one through the
-    /// page cache.
+    /// Hands the full window to the writing thread and takes an empty one.
+    fn send_window(&mut self) -> io::Result<()> {
+        let next = match self.written.try_recv() {
+            Ok(window) => window,
+            Err(_) if self.made < WINDOWS => {
+                self.made += 1;
+                Window::new()
+            }
+            Err(_) => match self.written.recv() {
+                Ok(window) => window,
+                // The thread stopped: it failed.
+                Err(_) => return Err(self.stop().err().unwrap_or_else(stopped)),
+            },
+        };
+        let full = Full {
+            window: std::mem::replace(&mut self.window, next),
+            offset: self.offset,
+        };
+        let sent = self.full.as_ref().map(|tx| tx.send(full).is_ok());
+        if sent != Some(true) {
+            return Err(self.stop().err().unwrap_or_else(stopped));
+        }
+        self.offset += GATHER as u64;
+        self.len = 0;
+        Ok(())
+    }
+
+    /// Waits until every full window is written; whether the file is still `O_DIRECT`.
+    fn stop(&mut self) -> io::Result<bool> {
+        self.full = None;
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(io::Error::other("the thread writing the object panicked")),
+            None => Err(stopped()),
+        }
+    }
+
+    /// Writes what is left: whole blocks with `O_DIRECT`, the last partial block through
+    /// the page cache (which leaves the file in buffered mode).
     pub(crate) fn finish(mut self, file: &File) -> io::Result<()> {
+        let mut direct = self.stop()?;
         let whole = self.len / BLOCK * BLOCK;
-        if whole > 0 {
-            self.write_out(file, whole)?;
+        let mut at = 0;
+        if direct && whole > 0 {
+            write_at(file, self.window.bytes(whole), self.offset, &mut direct)?;
+            at = whole;
         }
-        if self.len > 0 {
-            if self.direct {
+        if self.len > at {
+            if direct {
                 set_direct(file, false)?;
-                self.direct = false;
             }
-            self.write_out(file, self.len)?;
+            let rest = &self.window.bytes(self.len)[at..];
+            file.write_all_at(rest, self.offset + at as u64)?;
         }
         Ok(())
     }
+}
 
-    /// Writes the window's first `n` bytes (whole blocks while `direct`) and moves the
-    /// rest to its front.
-    fn write_out(&mut self, file: &File, n: usize) -> io::Result<()> {
-        let bytes = &self.raw[self.start..self.start + n];
-        match file.write_all_at(bytes, self.offset) {
-            Ok(()) => {}
-            // Refused alignment or O_DIRECT itself: the same bytes again, buffered.
-            Err(err) if self.direct && err.raw_os_error() == Some(libc::EINVAL) => {
-                set_direct(file, false)?;
-                self.direct = false;
-                file.write_all_at(bytes, self.offset)?;
-            }
-            Err(err) => return Err(err),
+impl Drop for DirectWriter {
+    /// Not finished (a failure elsewhere): the thread ends after the windows it has.
+    fn drop(&mut self) {
+        if self.thread.is_some() {
+            let _ = self.stop();
         }
-        self.offset += n as u64;
-        self.raw
-            .copy_within(self.start + n..self.start + self.len, self.start);
-        self.len -= n;
-        Ok(())
+    }
+}
+
+fn stopped() -> io::Error {
+    io::Error::other("the thread writing the object stopped")
+}
+
+/// Writes `bytes` at `offset`, falling back to the page cache for good (`direct` false)
+/// if the file system refuses this `O_DIRECT` write.
+fn write_at(file: &File, bytes: &[u8], offset: u64, direct: &mut bool) -> io::Result<()> {
+    match file.write_all_at(bytes, offset) {
+        Err(err) if *direct && err.raw_os_error() == Some(libc::EINVAL) => {
+            set_direct(file, false)?;
+            *direct = false;
+            file.write_all_at(bytes, offset)
+        }
+        r => r,
     }
 }
 
@@ -173,11 +276,31 @@ mod tests {
                     continue; // this file system takes no O_DIRECT: nothing to test
                 };
                 for piece in data.chunks(7919) {
-                    writer.write_all(&file, piece).unwrap();
+                    writer.write_all(piece).unwrap();
                 }
                 writer.finish(&file).unwrap();
                 assert_eq!(std::fs::read(&path).unwrap(), data, "size {size}");
             }
         }
+    }
+
+    /// A write that fails on the writing thread fails the object: from `write_all` once
+    /// the thread has stopped, or at the latest from `finish`.
+    #[test]
+    fn a_failed_write_on_the_thread_is_the_objects_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("object");
+        std::fs::write(&path, b"").unwrap();
+        // Read-only: every write fails (EBADF).
+        let file = File::open(&path).unwrap();
+        let Some(mut writer) = DirectWriter::start(&file) else {
+            return; // this file system takes no O_DIRECT: nothing to test
+        };
+        // Whole windows only, so that `finish` itself writes nothing.
+        let data = vec![1u8; 5 * GATHER];
+        let failed = data
+            .chunks(GATHER / 3)
+            .any(|piece| writer.write_all(piece).is_err());
+        assert!(failed || writer.finish(&file).is_err());
     }
 }

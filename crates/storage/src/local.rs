@@ -324,7 +324,7 @@ impl TempWrite {
     /// Appends `data` to the bytes of object `name`.
     fn write_all(&mut self, name: &str, data: &[u8]) -> Result<()> {
         match &mut self.direct {
-            Some(direct) => direct.write_all(&self.file, data),
+            Some(direct) => direct.write_all(data),
             None => self.file.write_all(data),
         }
         .map_err(|err| self.storage.write_error("write", name, err))
