@@ -243,7 +243,8 @@ run_tool() {
   step "$tool" backup3 || return 0
   drop_caches; step "$tool" restore || return 0
   verify "$tool"
-  [ "$tool" = cairn ] && write_row
+  # After a sync, as each restore starts: the restore's dirty pages written back first.
+  [ "$tool" = cairn ] && drop_caches && write_row
   [ "$tool" = cairn ] && duplicate_row
   # Restored trees and repositories stay until the corpus is done (about 12 GB for
   # either): see the comment on deletions above. (The explicit status: the line above is
