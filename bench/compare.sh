@@ -13,8 +13,8 @@
 # time, CPU time (user+sys) and peak RSS come from GNU time; repository size from
 # `du -sb`. Rows for cairn alone: a plain parallel walk that lstat()s every file
 # (crates/core/examples/statwalk.rs), the floor under an unchanged backup; a plain
-# parallel write of the tree from memory (crates/core/examples/writefloor.rs: create,
-# write, close, nothing else), the floor under a restore; and a copy of the tree backed
+# parallel write of the tree (crates/core/examples/writefloor.rs: create, write from a
+# cache-hot buffer, close), the floor under a restore; and a copy of the tree backed
 # up into the repository that holds the original (duplicate data).
 #
 # Prints a table per step and writes the same as markdown to WORKDIR/compare.md. Tools
@@ -333,7 +333,7 @@ render() {
       table("restore", "restore of that last backup (page cache dropped first)", "identical to source")
       if (("restore", "plain parallel write") in wall && ("restore", "cairn") in wall &&
           wall["restore", "cairn"] != "failed" && wall["restore", "plain parallel write"] > 0)
-        printf "%scairn restore / plain parallel write (the tree from memory: create, write, close; all cores): %.2f%s\n",
+        printf "%scairn restore / plain parallel write (create, write from a cache-hot buffer, close; all cores): %.2f%s\n",
           fmt == "md" ? "\n" : "  ", wall["restore", "cairn"] / wall["restore", "plain parallel write"],
           fmt == "md" ? "×" : "x"
       if (dup != "") {
