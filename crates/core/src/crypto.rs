@@ -500,6 +500,18 @@ impl MasterKey {
         self.secrets.format >= WRITERS_FORMAT && sealed.first() == Some(&SEALED_BY_WRITER)
     }
 
+    /// Whether opening `sealed` as a blob also proves that its plaintext is the one its
+    /// id names, so that hashing the plaintext again adds nothing an attacker could
+    /// defeat. From format 2 on a blob's associated data holds its id: a blob the
+    /// repository key sealed opens only under the id its sealer computed from that very
+    /// plaintext. Not in format 1 (no associated data), nor for a writer's blob (a
+    /// write-only key is trusted to add data, not to name it truthfully).
+    pub fn seal_binds_blob_id(&self, sealed: &[u8]) -> bool {
+        self.secrets.format >= 2
+            && matches!(self.keyring.role, Role::Full { .. })
+            && !self.sealed_by_writer(sealed)
+    }
+
     /// The length of [`key_reference`](Self::key_reference).
     fn key_reference_len(&self) -> usize {
         match (self.secrets.format < WRITERS_FORMAT, &self.keyring.role) {
@@ -949,6 +961,33 @@ mod tests {
         let mut two = MasterKey::generate_for(2);
         two.use_cipher(Cipher::Aegis256).unwrap();
         assert_eq!(two.sealed_len(5), padme(9) as usize + 64);
+    }
+
+    /// Only a full key's own seal of format 2 on proves a blob's id: format 1 has no
+    /// associated data, and a writer names its blobs as it likes.
+    #[test]
+    fn only_a_full_keys_seal_from_format_2_on_binds_a_blobs_id() {
+        let id = BlobId([7; 32]);
+        for key in every_kind_of_key() {
+            let sealed = key.seal(Purpose::DataBlob(id), b"chunk");
+            let expected = key.secrets.format >= 2 && !key.is_write_only();
+            assert_eq!(
+                key.seal_binds_blob_id(&sealed),
+                expected,
+                "{:?}",
+                key.cipher
+            );
+            if expected {
+                let mut moved = sealed.clone();
+                assert!(key
+                    .open_in_place(Purpose::DataBlob(BlobId([8; 32])), &mut moved)
+                    .is_err());
+            }
+        }
+        let (full, writer) = writer_of(&key_with(Cipher::Aegis256));
+        let by_writer = writer.seal(Purpose::DataBlob(id), b"chunk");
+        assert!(!full.seal_binds_blob_id(&by_writer));
+        assert!(full.seal_binds_blob_id(&full.seal(Purpose::DataBlob(id), b"chunk")));
     }
 
     /// A write-only key seals what only full keys of its repository open; it opens what it

@@ -108,6 +108,14 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Exactly `len` bytes at `offset`, or [`StorageError::Truncated`].
     fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>>;
 
+    /// [`read_range`](Self::read_range) into `buf`, which ends up exactly `len` bytes
+    /// long: a caller that reads many ranges reuses one buffer instead of allocating
+    /// (and zeroing) each.
+    fn read_range_into(&self, name: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
+        *buf = self.read_range(name, offset, len)?;
+        Ok(())
+    }
+
     /// Creates the file. Create-only and atomic: readers see the whole file or nothing,
     /// even after a crash; durable when it returns. [`StorageError::AlreadyExists`] if
     /// the name exists (the existing file is untouched). On failure nothing is left

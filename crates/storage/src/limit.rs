@@ -106,6 +106,11 @@ impl Storage for Limited {
         self.inner.read_range(name, offset, len)
     }
 
+    fn read_range_into(&self, name: &str, offset: u64, len: u64, buf: &mut Vec<u8>) -> Result<()> {
+        self.downloaded(len);
+        self.inner.read_range_into(name, offset, len, buf)
+    }
+
     fn write(&self, name: &str, data: &[u8]) -> Result<()> {
         if let Some(s) = &self.upload {
             s.take(data.len() as u64);

@@ -137,6 +137,28 @@ impl Suite<'_> {
                 )),
             }
         }
+        // Into a reused buffer, longer or shorter than the range and holding other
+        // bytes: it ends up holding exactly the range.
+        let mut buf = vec![0xaa; 2000];
+        for (offset, len) in [(10, 20), (0, size), (size - 5, 5), (3, 0), (0, size)] {
+            let read = self
+                .storage
+                .read_range_into(name, offset, len, &mut buf)
+                .map(|()| buf.clone());
+            let got = self.ok(&format!("read_range_into {name} {offset}+{len}"), read);
+            let want = &data[offset as usize..(offset + len) as usize];
+            ensure!(
+                self,
+                got == want,
+                "read_range_into {name} {offset}+{len} left the wrong bytes in the buffer"
+            );
+        }
+        match self.storage.read_range_into(name, size - 5, 6, &mut buf) {
+            Err(StorageError::Truncated { .. }) => {}
+            other => self.fail(&format!(
+                "read_range_into {name} past the end: expected Truncated, got {other:?}"
+            )),
+        }
         let missing = "suite/range/missing";
         self.expect_not_found(
             "read_range",

@@ -29,7 +29,7 @@ use crate::index::BlobLocation;
 use crate::monitor::Monitor;
 use crate::ops::restore::RestoreOptions;
 use crate::ops::restore_target::Dir;
-use crate::repo::Repository;
+use crate::repo::{IdCheck, Repository};
 use crate::tree::{ContentRef, Node, NodeKind};
 
 /// A file to write under a temporary name in `dir` and rename to `name`.
@@ -132,6 +132,13 @@ pub(crate) fn fill(
             open_files: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             bytes_read: AtomicU64::new(0),
+            // The seal proves a blob's id (format 2 on, the repository's own key);
+            // `--verify` hashes every blob all the same.
+            id_check: if opts.verify {
+                IdCheck::Always
+            } else {
+                IdCheck::WhereSealDoesNot
+            },
         };
         // Files whose blobs are all missing from the index, and empty files, have no
         // part to wait for.
@@ -164,6 +171,29 @@ pub(crate) fn fill(
         reads.bytes += batch.bytes_read.load(Ordering::Relaxed);
     }
     reads
+}
+
+/// A writer thread's buffers: the bytes it read from a pack, and a blob decompressed.
+#[derive(Default)]
+struct Buffers {
+    read: Vec<u8>,
+    plain: Vec<u8>,
+}
+
+/// Buffers up to this size are kept for the next read: a local read of neighbouring
+/// blobs (at most 1 MiB) and a default-sized chunk fit. Larger ones (a large chunk read
+/// alone) are given back at once, or eight threads would each keep their largest: peak
+/// RSS restoring the mixed corpus rose from 77 to 105-123 MiB when every buffer was kept.
+const KEEP_BUFFER: usize = 2 << 20;
+
+impl Buffers {
+    fn trim(&mut self) {
+        for buffer in [&mut self.read, &mut self.plain] {
+            if buffer.capacity() > KEEP_BUFFER {
+                *buffer = Vec::new();
+            }
+        }
+    }
 }
 
 /// Where one blob goes: `len` bytes from `from` in the blob to `at` in file `file`.
@@ -307,11 +337,15 @@ struct Batch<'a> {
     /// Set when the restore is cancelled or the main thread is gone.
     stop: AtomicBool,
     bytes_read: AtomicU64,
+    id_check: IdCheck,
 }
 
 impl Batch<'_> {
     /// Takes reads until none is left, writing their blobs.
     fn work(&self, reads: &[(PackId, &[BlobPlan])]) {
+        // The thread's buffers for what it reads and decompresses, kept from one read to
+        // the next.
+        let mut buffers = Buffers::default();
         loop {
             if self.monitor.cancelled() {
                 self.stop.store(true, Ordering::Relaxed);
@@ -322,48 +356,54 @@ impl Batch<'_> {
             let Some((pack, blobs)) = reads.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
                 return;
             };
-            self.read_run(*pack, blobs);
+            self.read_run(*pack, blobs, &mut buffers);
+            buffers.trim();
         }
     }
 
     /// Reads blobs that lie close together in one pack with one request, and writes each.
-    fn read_run(&self, pack: PackId, blobs: &[BlobPlan]) {
+    fn read_run(&self, pack: PackId, blobs: &[BlobPlan], buffers: &mut Buffers) {
         let (Some(first), Some(last)) = (blobs.first(), blobs.last()) else {
             return;
         };
         let start = u64::from(first.loc.offset);
         let end = u64::from(last.loc.offset) + u64::from(last.loc.length);
-        let mut bytes =
-            match self
-                .repo
-                .storage()
-                .read_range(&pack.storage_name(), start, end - start)
-            {
-                Ok(bytes) => {
-                    self.bytes_read
-                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                    bytes
+        let read = self.repo.storage().read_range_into(
+            &pack.storage_name(),
+            start,
+            end - start,
+            &mut buffers.read,
+        );
+        match read {
+            Ok(()) => {
+                self.bytes_read.fetch_add(end - start, Ordering::Relaxed);
+            }
+            // A pack cut short or damaged in one place still holds other blobs whole:
+            // read them one at a time, and each fails or not on its own.
+            Err(_) if blobs.len() > 1 => {
+                for blob in blobs {
+                    self.read_run(pack, std::slice::from_ref(blob), buffers);
                 }
-                // A pack cut short or damaged in one place still holds other blobs whole:
-                // read them one at a time, and each fails or not on its own.
-                Err(_) if blobs.len() > 1 => {
-                    for blob in blobs {
-                        self.read_run(pack, std::slice::from_ref(blob));
-                    }
-                    return;
-                }
-                Err(e) => {
-                    let e = crate::error::Error::from(e);
-                    self.write_blob(first, Err(&not_restored(&e)));
-                    return;
-                }
-            };
+                return;
+            }
+            Err(e) => {
+                let e = crate::error::Error::from(e);
+                self.write_blob(first, Err(&not_restored(&e)));
+                return;
+            }
+        }
         for blob in blobs {
             let at = (u64::from(blob.loc.offset) - start) as usize;
-            let sealed = &mut bytes[at..at + blob.loc.length as usize];
+            let sealed = &mut buffers.read[at..at + blob.loc.length as usize];
             let plain = self
                 .repo
-                .open_blob_in_place(&blob.id, &blob.loc, sealed)
+                .open_blob_in_place(
+                    &blob.id,
+                    &blob.loc,
+                    sealed,
+                    self.id_check,
+                    Some(&mut buffers.plain),
+                )
                 .map_err(|e| not_restored(&e));
             self.write_blob(blob, plain.as_deref().map_err(String::as_str));
         }
