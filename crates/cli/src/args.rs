@@ -956,7 +956,8 @@ pub struct RestoreArgs {
     /// Directory to restore into (created if missing)
     #[arg(short, long)]
     pub target: PathBuf,
-    /// Re-read every restored file and check it
+    /// Re-read every restored file and check it, and hash every blob against its id (without
+    /// it, a blob's authenticated seal vouches for its id)
     #[arg(long)]
     pub verify: bool,
     /// Restore into a non-empty target: `always` replaces existing files, `if-changed`

@@ -62,8 +62,10 @@ pub struct RestoreOptions {
     /// Restore only this path of the snapshot; a directory's contents land directly in
     /// `target`, a file lands in `target` under its name.
     pub subpath: Option<Vec<u8>>,
-    /// Re-read every restored file and check it against what was written; with
-    /// `Overwrite::IfChanged`, also read existing files to decide whether they changed.
+    /// Re-read every restored file and check it against what was written, and hash
+    /// every blob against its id even where its seal proves it
+    /// (`MasterKey::seal_binds_blob_id`); with `Overwrite::IfChanged`, also read existing
+    /// files to decide whether they changed.
     pub verify: bool,
     /// `None` refuses a target that is not empty.
     pub overwrite: Option<Overwrite>,
