@@ -407,9 +407,14 @@ impl Storage for LocalStorage {
                 io::Error::other("Range does not fit in memory"),
             )
         })?;
-        // Only bytes beyond what the buffer held before are zeroed: a reused buffer costs
-        // neither an allocation nor a memset.
-        buf.resize(len_in_memory, 0);
+        // A reused buffer costs neither an allocation nor a memset (only bytes beyond what
+        // it held are zeroed); a new one comes zeroed from the allocator (calloc: fresh
+        // pages need no memset).
+        if buf.capacity() == 0 {
+            *buf = vec![0; len_in_memory];
+        } else {
+            buf.resize(len_in_memory, 0);
+        }
         match read_exact_at(&file, buf, offset) {
             Ok(()) => Ok(()),
             // The file shrank after we looked at its size.
