@@ -893,7 +893,7 @@ pub(crate) enum IdCheck {
     /// Always: every reader but restore's pack path, and restore with `--verify`.
     Always,
     /// Only where the seal does not already prove the id: restore, where hashing every
-    /// blob again cost 12% of the CPU time of restoring the Linux tree (`perf`, format 2,
+    /// blob again cost 12% of the CPU time of restoring the Linux tree (`perf`, format 3,
     /// AEGIS-256, 2026-11-27).
     WhereSealDoesNot,
 }
