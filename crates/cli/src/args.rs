@@ -814,7 +814,7 @@ pub struct BackupArgs {
     /// Read every file, even those whose metadata is unchanged
     #[arg(long)]
     pub force: bool,
-    /// Threads reading files (default: the number of cores, at least 4). Each holds at
+    /// Threads reading files (default: the number of cores, at least 2). Each holds at
     /// most one chunk or one bundle of small files, so this bounds the working set.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub read_threads: Option<u16>,

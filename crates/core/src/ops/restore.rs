@@ -36,7 +36,7 @@ use crate::ops::backup::SourceProblem;
 use crate::ops::browse::{self, Entry};
 use crate::ops::restore_filter::{child_path, RestoreFilter, Selection};
 use crate::ops::restore_packs::{self, FileDone, FileJob};
-use crate::ops::restore_target::Dir;
+use crate::ops::restore_target::{effective_ids, Dir};
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
 use crate::tree::{is_safe_name, Node, NodeKind, Time};
@@ -164,12 +164,12 @@ pub fn restore(
     let writers = if repo.storage().is_remote() {
         REMOTE_WRITERS
     } else {
-        WRITERS
+        local_writers()
     };
     // A rendezvous: the walk makes the next batch while the last one is written.
     let (batch_tx, batch_rx) = crossbeam_channel::bounded::<Vec<FileJob>>(0);
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<FileDone>();
-    let euid = rustix::process::geteuid().as_raw();
+    let euid = effective_ids().0;
     let mut r = Restorer {
         repo,
         opts,
@@ -285,11 +285,19 @@ pub(crate) fn check_target(repo: &Repository, start: &Entry, opts: &RestoreOptio
     }
 }
 
-/// Threads writing file contents. Reading a blob is a request to the store (tens of
-/// milliseconds to an object store) followed by decryption and decompression: several
-/// packs at once keep both the network and the cores busy.
-const WRITERS: usize = 8;
-/// As many as the remote store's limit on concurrent requests.
+/// Threads writing file contents from a local repository: two a core, so that one waits
+/// on the disk while the other decompresses, and at most eight. On 2 cores, four
+/// restored the Linux tree as fast as eight (2.86-3.42 s against 2.91-3.49 s) and the
+/// mixed corpus too (1.09-1.20 s against 1.11-1.59 s), at a peak RSS of 72 MiB against
+/// 89-96 on the first and 44-50 against 72 on the second: each thread keeps its buffers.
+fn local_writers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+    (2 * cores).clamp(4, 8)
+}
+
+/// Threads writing file contents from a remote repository, as many as its limit on
+/// concurrent requests: reading a blob is a round trip (tens of milliseconds to an object
+/// store) followed by decryption and decompression.
 const REMOTE_WRITERS: usize = 16;
 
 /// Opens the target, creating it if needed; returns it and whether it was there and not
@@ -303,7 +311,7 @@ fn prepare_target(target: &Path, may_overwrite: bool) -> Result<(Dir, bool)> {
             target: target.to_path_buf(),
         });
     }
-    dir.fresh = !was_there && !has_entries && dir.uid == rustix::process::geteuid().as_raw();
+    dir.fresh = !was_there && !has_entries && dir.uid == effective_ids().0;
     Ok((dir, has_entries))
 }
 

@@ -182,7 +182,7 @@ struct Buffers {
 
 /// Buffers up to this size are kept for the next read: a local read of neighbouring
 /// blobs (at most 1 MiB) and a default-sized chunk fit. Larger ones (a large chunk read
-/// alone) are given back at once, or eight threads would each keep their largest: peak
+/// alone) are given back at once, or every thread would keep its largest: peak
 /// RSS restoring the mixed corpus rose from 77 to 105-123 MiB when every buffer was kept.
 const KEEP_BUFFER: usize = 2 << 20;
 
