@@ -8,7 +8,6 @@
 //! [`testsuite::run_all`].
 
 mod counts;
-mod direct;
 mod error;
 mod limit;
 mod local;
@@ -18,6 +17,7 @@ mod remote;
 pub mod rest;
 mod ssh_orphans;
 pub mod testsuite;
+mod writeback;
 
 pub use counts::RequestCounts;
 pub use error::{Result, StorageError};

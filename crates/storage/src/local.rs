@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 
 use std::time::SystemTime;
 
-use crate::direct::{DirectWriter, DIRECT_FROM};
 use crate::name::{is_temporary_name, valid_component, validate_name, TEMP_PREFIX};
+use crate::writeback::{self, Writeback, EARLY_FROM};
 use crate::{Result, Storage, StorageError, UnnamedWrite};
 
 /// A store in a directory of the local file system.
@@ -183,7 +183,8 @@ impl LocalStorage {
     /// does. For bodies too large to hold in memory at once (the repository server
     /// streams uploads this way); dropped without `commit`, nothing is left behind.
     /// `len` is the size the object will have, if known (0 if not): objects of at least
-    /// [`DIRECT_FROM`] bytes are written around the page cache (see [`crate::direct`]).
+    /// [`EARLY_FROM`] bytes have their writeback started as they are written (see
+    /// [`crate::writeback`]).
     pub fn begin_write(&self, name: &str, len: u64) -> Result<PendingWrite> {
         let path = self.path(name)?;
         // Not needed for correctness (the link in `commit` decides), but spares writing
@@ -192,7 +193,7 @@ impl LocalStorage {
             return Err(self.already_exists(name));
         }
         let dir = parent_dir(&path).to_owned();
-        let temp = self.start_temp(&dir, name, len >= DIRECT_FROM)?;
+        let temp = self.start_temp(&dir, name, len >= EARLY_FROM)?;
         Ok(PendingWrite {
             name: name.to_owned(),
             path,
@@ -200,9 +201,9 @@ impl LocalStorage {
         })
     }
 
-    /// A new temporary file in `dir` (created if missing) for object `name`, written
-    /// with `O_DIRECT` if `direct` and the file system takes it.
-    fn start_temp(&self, dir: &Path, name: &str, direct: bool) -> Result<TempWrite> {
+    /// A new temporary file in `dir` (created if missing) for object `name`; `large`: its
+    /// writeback is started as it is written.
+    fn start_temp(&self, dir: &Path, name: &str, large: bool) -> Result<TempWrite> {
         self.create_dirs(dir, name)?;
         let temp = dir.join(format!(
             "{TEMP_PREFIX}{}",
@@ -215,23 +216,18 @@ impl LocalStorage {
         let file = options
             .open(&temp)
             .map_err(|err| self.write_error("create temporary file for", name, err))?;
-        let direct = if direct {
-            DirectWriter::start(&file)
-        } else {
-            None
-        };
         Ok(TempWrite {
             storage: self.clone(),
             file,
-            direct,
+            writeback: large.then(Writeback::default),
             // From here on the guard removes the file on every error path.
             temp: TempFile { path: temp },
         })
     }
 
     /// Starts writing an object whose name is known only once its bytes are (a pack,
-    /// named by the hash of its bytes): a temporary file in `dir`, written with
-    /// `O_DIRECT` where the file system takes it, which [`UnnamedWrite::commit_as`] links
+    /// named by the hash of its bytes): a temporary file in `dir`, its writeback
+    /// started as it is written, which [`UnnamedWrite::commit_as`] links
     /// under its name. A crash leaves the temporary file where
     /// [`Storage::temporaries`] finds it.
     pub fn begin_unnamed_write(&self, dir: &str) -> Result<LocalUnnamedWrite> {
@@ -315,19 +311,21 @@ impl UnnamedWrite for LocalUnnamedWrite {
 struct TempWrite {
     storage: LocalStorage,
     file: File,
-    /// Writing with `O_DIRECT`, when large and the file system takes it.
-    direct: Option<DirectWriter>,
+    /// For a large object: how much of it is on its way to the device.
+    writeback: Option<Writeback>,
     temp: TempFile,
 }
 
 impl TempWrite {
     /// Appends `data` to the bytes of object `name`.
     fn write_all(&mut self, name: &str, data: &[u8]) -> Result<()> {
-        match &mut self.direct {
-            Some(direct) => direct.write_all(data),
-            None => self.file.write_all(data),
+        self.file
+            .write_all(data)
+            .map_err(|err| self.storage.write_error("write", name, err))?;
+        if let Some(writeback) = &mut self.writeback {
+            writeback.wrote(&self.file, data.len());
         }
-        .map_err(|err| self.storage.write_error("write", name, err))
+        Ok(())
     }
 
     /// Makes the bytes durable as object `name` at `path`: fsync, link, fsync of the
@@ -337,16 +335,14 @@ impl TempWrite {
         let TempWrite {
             storage,
             file,
-            direct,
+            writeback,
             temp,
         } = self;
-        if let Some(direct) = direct {
-            direct
-                .finish(&file)
-                .map_err(|err| storage.write_error("write", name, err))?;
-        }
         file.sync_all()
             .map_err(|err| storage.write_error("sync", name, err))?;
+        if writeback.is_some() {
+            writeback::forget_pages(&file);
+        }
         drop(file);
         match fs::hard_link(&temp.path, path) {
             Ok(()) => {}

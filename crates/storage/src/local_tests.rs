@@ -246,7 +246,7 @@ fn more_objects_than_are_kept_open_all_read_back() {
 }
 
 /// The bytes of an unnamed write read back exactly under the name it is committed as,
-/// whatever their size (around the `O_DIRECT` block and gathering buffer) and however
+/// whatever their size (around the 1 MiB steps of writeback) and however
 /// they were given; nothing is left beside them.
 #[test]
 fn an_unnamed_write_reads_back_under_its_name() {
