@@ -35,7 +35,7 @@ use crate::monitor::Monitor;
 use crate::ops::backup::SourceProblem;
 use crate::ops::browse::{self, Entry};
 use crate::ops::restore_filter::{child_path, RestoreFilter, Selection};
-use crate::ops::restore_packs::{self, FileDone, FileJob};
+use crate::ops::restore_packs::{self, FileDone, FileJob, TempName};
 use crate::ops::restore_target::{effective_ids, Dir};
 use crate::repo::Repository;
 use crate::snapshot::Snapshot;
@@ -188,6 +188,7 @@ pub fn restore(
         done: done_rx,
         dirs: Vec::new(),
         in_flight: HashMap::new(),
+        next_tmp: rand::random(),
     };
     r.check_owner(&target);
     let walked = std::thread::scope(|scope| {
@@ -205,10 +206,10 @@ pub fn restore(
     });
     r.collect_done();
     // Files the writers never reported (a writer thread panicked) were not restored.
-    let mut lost: Vec<InFlight> = r.in_flight.drain().map(|(_, f)| f).collect();
-    lost.sort_by(|a, b| a.path.cmp(&b.path));
-    for f in lost {
-        let _ = f.dir.remove_file(&f.tmp);
+    let mut lost: Vec<(TempName, InFlight)> = r.in_flight.drain().collect();
+    lost.sort_by(|a, b| a.1.path.cmp(&b.1.path));
+    for (tmp, f) in lost {
+        let _ = f.dir.remove_file(&tmp.name());
         r.problem(
             &f.path,
             &"not restored: a writer thread stopped unexpectedly",
@@ -337,12 +338,6 @@ fn process_umask() -> Option<u32> {
     u32::from_str_radix(line.trim(), 8).ok()
 }
 
-/// Whether `name` is one of restore's temporary files (`.cairn-restore-` and 16 hex).
-fn is_temp_name(name: &[u8]) -> bool {
-    name.strip_prefix(b".cairn-restore-")
-        .is_some_and(|h| h.len() == 16 && h.iter().all(u8::is_ascii_hexdigit))
-}
-
 /// What `Restorer::clear` found at a path.
 enum Existing {
     /// Nothing there (any more): write the entry.
@@ -400,11 +395,10 @@ struct DirMeta {
     node: Node,
 }
 
-/// A file the writer threads are filling: the directory and name of its temporary file,
-/// and where it goes.
+/// A file the writer threads are filling: the directory of its temporary file, and
+/// where it goes.
 struct InFlight {
     dir: Arc<Dir>,
-    tmp: OsString,
     path: PathBuf,
 }
 
@@ -439,9 +433,12 @@ struct Restorer<'a> {
     done: crossbeam_channel::Receiver<FileDone>,
     /// Restored directories in the order they were created, for their metadata at the end.
     dirs: Vec<DirMeta>,
-    /// Temporary files the writer threads are filling (by display path): their
-    /// directory, name and the path they will take.
-    in_flight: HashMap<PathBuf, InFlight>,
+    /// Temporary files the writer threads are filling (by temporary name): their
+    /// directory and the path they will take.
+    in_flight: HashMap<TempName, InFlight>,
+    /// The next file's temporary name; numbered from a random start, so that a name
+    /// a killed restore left behind is unlikely to be met again.
+    next_tmp: u64,
 }
 
 impl Restorer<'_> {
@@ -499,7 +496,7 @@ impl Restorer<'_> {
             None => Some(batch),
         };
         for job in unsent.into_iter().flatten() {
-            self.in_flight.remove(&job.tmp_path());
+            self.in_flight.remove(&job.tmp);
             self.problem(&job.path, &"not restored: the writer threads stopped");
         }
     }
@@ -674,10 +671,14 @@ impl Restorer<'_> {
                 kind => kind,
             };
             // A writer thread may still be filling one of this run's own.
-            if is_temp_name(name)
-                && kind == FileType::RegularFile
-                && !self.in_flight.contains_key(&path)
-            {
+            if let Some(tmp) = TempName::parse(name).filter(|_| kind == FileType::RegularFile) {
+                if self
+                    .in_flight
+                    .get(&tmp)
+                    .is_some_and(|f| f.dir.path == dir.path)
+                {
+                    continue;
+                }
                 match dir.remove_file(&entry.name) {
                     Ok(()) => self.stats.temp_files_removed += 1,
                     Err(e) => self.problem(&path, &format!("temporary file not removed: {e}")),
@@ -1027,18 +1028,18 @@ impl Restorer<'_> {
             node: node.clone(),
             dir: parent.clone(),
             name: name.to_os_string(),
-            tmp: OsString::from(format!(".cairn-restore-{:016x}", rand::random::<u64>())),
+            tmp: TempName(self.next_tmp),
             path: path.to_path_buf(),
             create_mode,
             chmod,
         };
+        self.next_tmp = self.next_tmp.wrapping_add(1);
         self.collect_done();
         if node.links <= 1 {
             self.in_flight.insert(
-                job.tmp_path(),
+                job.tmp,
                 InFlight {
                     dir: job.dir.clone(),
-                    tmp: job.tmp.clone(),
                     path: job.path.clone(),
                 },
             );

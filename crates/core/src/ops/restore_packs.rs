@@ -16,6 +16,7 @@ use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -32,12 +33,13 @@ use crate::ops::restore_target::Dir;
 use crate::repo::{IdCheck, Repository};
 use crate::tree::{ContentRef, Node, NodeKind};
 
-/// A file to write under a temporary name in `dir` and rename to `name`.
+/// A file to write under a temporary name in `dir` (or none) and give `name`.
 pub(crate) struct FileJob {
     pub node: Node,
     pub dir: Arc<Dir>,
     pub name: OsString,
-    pub tmp: OsString,
+    /// Its temporary name's number, which also names it in `in_flight` and `FileDone`.
+    pub tmp: TempName,
     /// Where it goes, for messages.
     pub path: PathBuf,
     /// The mode to create it with, and the one to set when it is written (`None`: the
@@ -47,16 +49,41 @@ pub(crate) struct FileJob {
 }
 
 impl FileJob {
-    /// The temporary file's display path, which names it in `in_flight` and `FileDone`.
+    /// The temporary file's display path.
     pub fn tmp_path(&self) -> PathBuf {
-        self.dir.join(&self.tmp)
+        self.dir.join(&self.tmp.name())
+    }
+}
+
+/// The temporary name of a file being restored, `.cairn-restore-` and 16 hex digits: a
+/// number, so that most files, which never use the name (they are written unnamed),
+/// cost no string for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct TempName(pub u64);
+
+impl TempName {
+    const PREFIX: &'static [u8] = b".cairn-restore-";
+
+    pub fn name(self) -> OsString {
+        let mut name = Self::PREFIX.to_vec();
+        name.extend_from_slice(format!("{:016x}", self.0).as_bytes());
+        OsString::from_vec(name)
+    }
+
+    /// The temporary name `name` is, if it is one.
+    pub fn parse(name: &[u8]) -> Option<TempName> {
+        let hex = name.strip_prefix(Self::PREFIX)?;
+        if hex.len() != 16 || !hex.iter().all(u8::is_ascii_hexdigit) {
+            return None;
+        }
+        let hex = std::str::from_utf8(hex).ok()?;
+        u64::from_str_radix(hex, 16).ok().map(TempName)
     }
 }
 
 /// A finished file: whether it was verified, or why it was not restored.
 pub(crate) struct FileDone {
-    /// The temporary file's display path ([`FileJob::tmp_path`]).
-    pub tmp: PathBuf,
+    pub tmp: TempName,
     pub path: PathBuf,
     pub size: u64,
     pub outcome: Result<bool, String>,
@@ -94,6 +121,17 @@ fn max_read(remote: bool) -> u64 {
     } else {
         1 << 20
     }
+}
+
+/// Where the bytes of `blobs` (of one pack, in offset order) start, and how many there
+/// are up to the end of the one that ends last.
+fn span(blobs: &[BlobPlan]) -> Option<(u64, u64)> {
+    let start = u64::from(blobs.first()?.loc.offset);
+    let end = blobs
+        .iter()
+        .map(|b| u64::from(b.loc.offset) + u64::from(b.loc.length))
+        .max()?;
+    Some((start, end - start))
 }
 
 /// The outcome of a file left unfinished because the restore was cancelled: not a
@@ -363,20 +401,18 @@ impl Batch<'_> {
 
     /// Reads blobs that lie close together in one pack with one request, and writes each.
     fn read_run(&self, pack: PackId, blobs: &[BlobPlan], buffers: &mut Buffers) {
-        let (Some(first), Some(last)) = (blobs.first(), blobs.last()) else {
+        let (Some(first), Some((start, len))) = (blobs.first(), span(blobs)) else {
             return;
         };
-        let start = u64::from(first.loc.offset);
-        let end = u64::from(last.loc.offset) + u64::from(last.loc.length);
         let read = self.repo.storage().read_range_into(
             &pack.storage_name(),
             start,
-            end - start,
+            len,
             &mut buffers.read,
         );
         match read {
             Ok(()) => {
-                self.bytes_read.fetch_add(end - start, Ordering::Relaxed);
+                self.bytes_read.fetch_add(len, Ordering::Relaxed);
             }
             // A pack cut short or damaged in one place still holds other blobs whole:
             // read them one at a time, and each fails or not on its own.
@@ -497,7 +533,7 @@ impl Batch<'_> {
             Some(e) => {
                 drop(file);
                 if created {
-                    let _ = job.dir.remove_file(&job.tmp);
+                    let _ = job.dir.remove_file(&job.tmp.name());
                 }
                 Err(e)
             }
@@ -508,7 +544,7 @@ impl Batch<'_> {
             },
         };
         let done = FileDone {
-            tmp: job.tmp_path(),
+            tmp: job.tmp,
             path: job.path.clone(),
             size: match job.node.kind {
                 NodeKind::File { size, .. } => size,
@@ -555,7 +591,7 @@ pub(crate) fn place_alone(
     match written {
         Ok((file, unnamed, digest, end)) => complete(file, unnamed, job, opts, &digest, end),
         Err(e) => {
-            let _ = job.dir.remove_file(&job.tmp);
+            let _ = job.dir.remove_file(&job.tmp.name());
             Err(e)
         }
     }
@@ -628,14 +664,15 @@ fn complete(
             match job.dir.link_file(file.as_fd(), &job.name) {
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => job
                     .dir
-                    .link_file(file.as_fd(), &job.tmp)
+                    .link_file(file.as_fd(), &job.tmp.name())
                     .map_err(|e| e.to_string())?,
                 r => return r.map(|()| opts.verify).map_err(|e| e.to_string()),
             }
         }
         drop(file);
         // rename replaces a file or symlink atomically; a directory must go first.
-        match job.dir.rename(&job.tmp, &job.name) {
+        let tmp = job.tmp.name();
+        match job.dir.rename(&tmp, &job.name) {
             Err(e)
                 if matches!(
                     e.raw_os_error(),
@@ -644,7 +681,7 @@ fn complete(
             {
                 job.dir
                     .remove_all(&job.name)
-                    .and_then(|()| job.dir.rename(&job.tmp, &job.name))
+                    .and_then(|()| job.dir.rename(&tmp, &job.name))
                     .map_err(|e| e.to_string())?
             }
             r => r.map_err(|e| e.to_string())?,
@@ -652,7 +689,7 @@ fn complete(
         Ok(opts.verify)
     })();
     if result.is_err() {
-        let _ = job.dir.remove_file(&job.tmp);
+        let _ = job.dir.remove_file(&job.tmp.name());
     }
     result
 }
@@ -680,7 +717,7 @@ fn open_tmp(job: &FileJob, create: bool, verify: bool) -> Result<(File, bool), S
     if create {
         flags |= OFlags::CREATE | OFlags::EXCL;
     }
-    match job.dir.open_file(&job.tmp, flags, job.create_mode) {
+    match job.dir.open_file(&job.tmp.name(), flags, job.create_mode) {
         Ok(fd) => Ok((File::from(fd), false)),
         Err(e) => {
             let verb = if create { "create" } else { "open" };
@@ -788,6 +825,7 @@ fn verify(file: &File, content: &[ContentRef], expected: &[u8; 32]) -> io::Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
 
     fn blob(offset: u32, length: u32) -> BlobPlan {
         BlobPlan {
@@ -824,6 +862,33 @@ mod tests {
             .collect();
         assert_eq!(lens, [4, 1]);
         assert_eq!(runs(&[], 0, 0).count(), 0);
+    }
+
+    #[test]
+    fn a_span_reaches_the_end_of_the_blob_that_ends_last() {
+        assert_eq!(span(&[blob(100, 50), blob(200, 10)]), Some((100, 110)));
+        // An index may say anything: an earlier blob that ends later still fits.
+        assert_eq!(span(&[blob(100, 500), blob(200, 10)]), Some((100, 500)));
+        assert_eq!(span(&[]), None);
+    }
+
+    #[test]
+    fn temporary_names_read_back_as_their_numbers_and_nothing_else_does() {
+        for n in [0, 1, 0xdead_beef, u64::MAX] {
+            let name = TempName(n).name();
+            assert_eq!(name.len(), 31);
+            assert_eq!(TempName::parse(name.as_bytes()), Some(TempName(n)));
+        }
+        for name in [
+            &b".cairn-restore-0123456789abcde"[..],
+            b".cairn-restore-0123456789abcdef0",
+            b".cairn-restore-0123456789abcdeg",
+            b".cairn-restore-+123456789abcdef",
+            b"cairn-restore-0123456789abcdef",
+            b"x.cairn-restore-0123456789abcdef",
+        ] {
+            assert_eq!(TempName::parse(name), None, "{}", name.escape_ascii());
+        }
     }
 
     #[test]
