@@ -551,3 +551,42 @@ fn restore_delete_lists_what_it_removes_and_refuses_an_unrelated_target() {
     env.restore(&spec, &wrong, &["--delete", "--force"]);
     assert!(!wrong.join("thesis.tex").exists(), "--force deletes");
 }
+
+/// A file that a writer is still filling under its temporary name when `--delete`
+/// cleans its directory is this restore's own: the cleanup leaves it and the file is
+/// restored. (Before 9cf3844 the cleanup deleted it, and the file was not restored.)
+/// The file has over 1,024 parts (the first batch), so the walk hands it to the
+/// writers and goes on through the directory's 3,000 other files, unchanged and only
+/// compared, to the cleanup while it is written. With the old cleanup back in place the
+/// restore failed in the first of the three rounds (the writer's rename found nothing);
+/// the cleanup's choice does not depend on timing, only whether it meets the file does.
+#[test]
+fn restore_delete_spares_a_temporary_file_a_writer_is_still_filling() {
+    let env = TestEnv::new();
+    env.init(&["--chunk-avg", "16K"]);
+    let src = env.path("src");
+    let big = random_bytes(32 << 20, 7);
+    write_file(&src.join("d/a-big"), &big);
+    for i in 0..3000 {
+        write_file(&src.join(format!("d/b{i:04}")), format!("{i}\n").as_bytes());
+    }
+    env.backup(&[&src], &[]);
+    let spec = format!("latest:{}", src.display());
+    let target = env.path("target");
+    env.restore(&spec, &target, &[]);
+    for round in 0..3 {
+        // Changed in the target, so the next restore writes it again.
+        write_file(&target.join("d/a-big"), b"edited\n");
+        let out = env.restore(&spec, &target, &["--delete", "-v"]);
+        assert!(
+            !stderr(&out).contains(".cairn-restore-"),
+            "round {round}: {}",
+            stderr(&out)
+        );
+        assert!(
+            std::fs::read(target.join("d/a-big")).unwrap() == big,
+            "round {round}: a-big restored whole"
+        );
+    }
+    assert_eq!(count_files(&target), 3001);
+}
