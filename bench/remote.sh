@@ -24,7 +24,7 @@ stop_all() {
   "$here/scripts/services.sh" stop "$services"
 }
 trap stop_all EXIT
-CAIRN_TEST_S3_PORT=39500 CAIRN_TEST_SSH_PORT=39522 CAIRN_TEST_CLUSTER_PORT=39530 \
+CAIRN_TEST_S3_PORT=29500 CAIRN_TEST_SSH_PORT=29522 CAIRN_TEST_S3_CLUSTER_PORT=29530 \
   "$here/scripts/services.sh" start "$services" >/dev/null
 # shellcheck disable=SC1091
 source "$services/env"

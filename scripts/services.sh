@@ -8,14 +8,17 @@
 #   scripts/services.sh start DIR        # writes DIR/env to source: addresses and credentials
 #   scripts/services.sh stop DIR
 #
-# Ports: the single node uses CAIRN_TEST_S3_PORT (default 39300) to +3, the cluster
+# Ports: the single node uses CAIRN_TEST_S3_PORT (default 29300) to +3, the cluster
 # CAIRN_TEST_S3_CLUSTER_PORT (default CAIRN_TEST_S3_PORT + 10) to +5, two per node, and
-# sshd CAIRN_TEST_SSH_PORT (default 39322). Set them to run beside another instance.
+# sshd CAIRN_TEST_SSH_PORT (default 29322). Set them to run beside another instance.
+# The defaults are below Linux's ephemeral ports (32768-60999): at 39300 and up, a
+# cluster node the tests stop and start again once found its S3 port in use, most
+# likely by a connection's local end, which the kernel picks from that range.
 set -euo pipefail
 
-S3_PORT=${CAIRN_TEST_S3_PORT:-39300}
+S3_PORT=${CAIRN_TEST_S3_PORT:-29300}
 CLUSTER_PORT=${CAIRN_TEST_S3_CLUSTER_PORT:-$((S3_PORT + 10))}
-SSH_PORT=${CAIRN_TEST_SSH_PORT:-39322}
+SSH_PORT=${CAIRN_TEST_SSH_PORT:-29322}
 
 # wait_for SECONDS WHAT LOG PID COMMAND...: runs COMMAND every 0.2 s until it succeeds;
 # fails with a message that points at LOG after SECONDS, or at once when process PID (the
