@@ -188,7 +188,6 @@ pub fn restore(
         done: done_rx,
         dirs: Vec::new(),
         in_flight: HashMap::new(),
-        next_tmp: rand::random(),
     };
     r.check_owner(&target);
     let walked = std::thread::scope(|scope| {
@@ -436,9 +435,6 @@ struct Restorer<'a> {
     /// Temporary files the writer threads are filling (by temporary name): their
     /// directory and the path they will take.
     in_flight: HashMap<TempName, InFlight>,
-    /// The next file's temporary name; numbered from a random start, so that a name
-    /// a killed restore left behind is unlikely to be met again.
-    next_tmp: u64,
 }
 
 impl Restorer<'_> {
@@ -1028,12 +1024,13 @@ impl Restorer<'_> {
             node: node.clone(),
             dir: parent.clone(),
             name: name.to_os_string(),
-            tmp: TempName(self.next_tmp),
+            // Random, not counted: whoever can write into the target cannot tell the
+            // next name from one they saw, and take it first.
+            tmp: TempName(rand::random()),
             path: path.to_path_buf(),
             create_mode,
             chmod,
         };
-        self.next_tmp = self.next_tmp.wrapping_add(1);
         self.collect_done();
         if node.links <= 1 {
             self.in_flight.insert(
