@@ -178,6 +178,10 @@ struct Packs {
     condemned: Vec<bool>,
     /// Sealed by a writer: readable, but no backup of a full key builds on it.
     writer: Vec<bool>,
+    /// Listed as the repository's own by a file a full key sealed: no writer's file can
+    /// make it a writer's (a thief with a writer's key could otherwise list any pack in
+    /// one, and full keys would stop building on it).
+    own: Vec<bool>,
     numbers: HashMap<PackId, u32>,
 }
 
@@ -195,6 +199,7 @@ impl Packs {
         self.ids.push(id);
         self.condemned.push(false);
         self.writer.push(false);
+        self.own.push(false);
         self.numbers.insert(id, n);
         n
     }
@@ -215,17 +220,37 @@ impl Packs {
         self.writer[n as usize] = true;
     }
 
+    /// Counts the pack as the repository's own, whatever writers' files say.
+    fn mark_own(&mut self, id: PackId) {
+        let n = self.number(id);
+        self.own[n as usize] = true;
+    }
+
+    /// Marks the packs of `file`: a writer's where it says so, else the repository's own.
+    fn mark_file(&mut self, file: &IndexFile) {
+        for p in &file.packs {
+            match file.writer_packs.contains(&p.id) {
+                true => self.mark_writer(p.id),
+                false => self.mark_own(p.id),
+            }
+        }
+    }
+
+    fn writer_at(&self, n: usize) -> bool {
+        self.writer[n] && !self.own[n]
+    }
+
     fn is_writer(&self, id: &PackId) -> bool {
         self.numbers
             .get(id)
-            .is_some_and(|&n| self.writer[n as usize])
+            .is_some_and(|&n| self.writer_at(n as usize))
     }
 
     /// Whether a backup may build on the blob at `e`: not in a condemned pack, nor in a
     /// writer's (a writer's word is not a full key's; prune re-seals what is needed).
     fn is_live(&self, e: &Entry) -> bool {
         let n = e.pack_number() as usize;
-        !self.condemned[n] && !self.writer[n]
+        !self.condemned[n] && !self.writer_at(n)
     }
 
     /// How strongly a blob's location is `e`, highest first: a live pack over a condemned
@@ -398,12 +423,13 @@ impl Index {
         let numbers: Vec<u32> = theirs
             .ids
             .iter()
-            .zip(theirs.condemned.iter().zip(&theirs.writer))
-            .map(|(&id, (&condemned, &writer))| {
-                let n = self.packs.number(id);
-                self.packs.condemned[n as usize] |= condemned;
-                self.packs.writer[n as usize] |= writer;
-                n
+            .enumerate()
+            .map(|(i, &id)| {
+                let n = self.packs.number(id) as usize;
+                self.packs.condemned[n] |= theirs.condemned[i];
+                self.packs.writer[n] |= theirs.writer[i];
+                self.packs.own[n] |= theirs.own[i];
+                n as u32
             })
             .collect();
         for mut entries in [recent.entries, main.entries] {
@@ -483,9 +509,16 @@ impl Index {
         self.packs.is_writer(pack)
     }
 
-    /// Adds every pack of `file`, marking its writers' packs first.
+    /// Marks the packs of `file` as writers' or the repository's own, as it says; a pack
+    /// that any file a full key sealed counts as its own stays so. Call before adding its
+    /// packs for the preference to apply.
+    pub fn mark_file(&mut self, file: &IndexFile) {
+        self.packs.mark_file(file);
+    }
+
+    /// Adds every pack of `file`, marking its packs first (see [`Self::mark_file`]).
     pub fn add_file(&mut self, file: &IndexFile) {
-        self.mark_writer(file.writer_packs.iter().copied());
+        self.mark_file(file);
         for p in &file.packs {
             self.add_pack(p.id, &p.entries);
         }
@@ -739,11 +772,10 @@ impl IndexBuilder {
             .extend(entries.iter().map(|e| Entry::new(e, number)));
     }
 
-    /// Adds every pack of `file`, marking its writers' packs (before or after adding).
+    /// Adds every pack of `file`, marking its packs as [`Index::mark_file`] does (before
+    /// or after adding).
     pub fn add_file(&mut self, file: &IndexFile) {
-        for &p in &file.writer_packs {
-            self.packs.mark_writer(p);
-        }
+        self.packs.mark_file(file);
         for p in &file.packs {
             self.add_pack(p.id, &p.entries);
         }

@@ -391,7 +391,7 @@ impl Repository {
 
     /// Adds the packs of an index file to the in-memory index, its writers' packs marked.
     pub fn absorb_file(&mut self, file: &IndexFile) {
-        self.index.mark_writer(file.writer_packs.iter().copied());
+        self.index.mark_file(file);
         self.absorb(&file.packs);
     }
 

@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use crate::error::{chain, Error, Result};
 use crate::id::{BlobId, IndexId, PackId, SnapshotId};
-use crate::index::IndexedPack;
+use crate::index::{IndexFile, IndexedPack};
 use crate::monitor::Monitor;
 use crate::pack::PackEntry;
 use crate::repo::Repository;
@@ -149,10 +149,20 @@ pub fn prune(
     }
     report.snapshots = snapshot_ids.len() as u64;
 
-    let mut packs: HashMap<PackId, Vec<PackEntry>> = HashMap::new();
-    for (_, file) in &index_files {
-        for p in &file.packs {
-            packs.entry(p.id).or_insert_with(|| p.entries.clone());
+    let (mut packs, disputed, overruled) = pack_entries(index_files.iter().map(|(_, f)| f));
+    // Index files that said something about a pack that its header or a full key's file
+    // contradicts are replaced, whatever else this run does.
+    let rewrite_index = overruled || !disputed.is_empty();
+    // A pack two files name says itself what it holds: a planted file may list blobs it
+    // does not hold, which the index written below would otherwise repeat.
+    for pack in disputed {
+        match repo.read_pack_header(&pack) {
+            Ok(entries) => {
+                packs.insert(pack, entries);
+            }
+            Err(e @ Error::Storage(_)) if !is_not_found(&e) => return Err(e),
+            // Gone (handled below), or a header that does not open: the files' word.
+            Err(_) => {}
         }
     }
     let stored: HashMap<PackId, SystemTime> = repo.list_packs_modified()?.into_iter().collect();
@@ -267,6 +277,11 @@ pub fn prune(
         fresh(&session)?;
         repack(repo, &to_repack, monitor)?;
     }
+    // Copied by this run, from copies that were read and verified as they were.
+    let copied: HashSet<BlobId> = to_repack
+        .iter()
+        .flat_map(|(_, need)| need.iter().map(|e| e.id))
+        .collect();
     if !newly_condemned.is_empty() {
         // A prune paused for long may have been taken for crashed, and another may have
         // written the trash since: condemning on this stale view would break the rule
@@ -365,6 +380,25 @@ pub fn prune(
             }
         }
     }
+    // The last word before a pack goes is its own header: whatever the index files say,
+    // every blob a snapshot needs that the pack holds must be in a pack that stays, and
+    // that copy must be whole. Index files are anyone's who can write (a thief with a
+    // writer's key and an append-only token can add one that lists a pack as empty).
+    let leaving: HashSet<PackId> = deletable.iter().chain(&gone).copied().collect();
+    let mut checked = Checked::default();
+    let mut kept = Vec::new();
+    for pack in &deletable {
+        if !stored.contains_key(pack) {
+            continue;
+        }
+        if let Some(why) = still_needed(repo, pack, &used, &leaving, &copied, &mut checked)? {
+            let path = std::path::PathBuf::from(pack.storage_name());
+            monitor.problem(&path, &format!("kept: {why}"));
+            kept.push(*pack);
+        }
+    }
+    deletable.retain(|p| !kept.contains(p));
+    rescued.extend(kept);
     report.packs_rescued = rescued.len() as u64;
     report.packs_deferred = deferred.len() as u64;
 
@@ -373,7 +407,7 @@ pub fn prune(
     // these decisions are stale.
     fresh(&session)?;
     let deleted: HashSet<PackId> = deletable.iter().copied().chain(gone).collect();
-    if !deleted.is_empty() || !vouched.is_empty() {
+    if !deleted.is_empty() || !vouched.is_empty() || rewrite_index {
         let keep: Vec<IndexedPack> = packs
             .iter()
             .filter(|(id, _)| !deleted.contains(id))
@@ -500,6 +534,128 @@ fn vouch(repo: &Repository, pack: &PackId, entries: &[PackEntry]) -> Result<bool
     Ok(entries
         .iter()
         .all(|e| crate::pack::verify_blob(repo.key(), &bytes, e)))
+}
+
+/// What each pack holds, by the index files: every blob that files naming the pack as
+/// the repository's own (sealed with a full key) list there, or, for a pack no such file
+/// names, every blob that writers' files list. No one file can make a pack look emptier
+/// than the others say it is, nor can a writer's file speak for a pack of a full key.
+/// Also returns the packs that more than one file of that standing names, and whether a
+/// writer's file named a pack of a full key.
+fn pack_entries<'a>(
+    files: impl Iterator<Item = &'a IndexFile>,
+) -> (HashMap<PackId, Vec<PackEntry>>, Vec<PackId>, bool) {
+    // Per pack: whether a full key's file named it, and its entries.
+    let mut packs: HashMap<PackId, (bool, Vec<PackEntry>)> = HashMap::new();
+    let mut disputed = HashSet::new();
+    let mut overruled = false;
+    for file in files {
+        for p in &file.packs {
+            let own = !file.writer_packs.contains(&p.id);
+            match packs.get_mut(&p.id) {
+                None => {
+                    packs.insert(p.id, (own, p.entries.clone()));
+                }
+                Some(known) if own && !known.0 => {
+                    *known = (true, p.entries.clone());
+                    disputed.remove(&p.id);
+                    overruled = true;
+                }
+                Some(known) if own == known.0 => {
+                    // Rare (a pack two files name): only then a set of what is known.
+                    let ids: HashSet<BlobId> = known.1.iter().map(|e| e.id).collect();
+                    known
+                        .1
+                        .extend(p.entries.iter().filter(|e| !ids.contains(&e.id)));
+                    disputed.insert(p.id);
+                }
+                Some(_) => overruled = true,
+            }
+        }
+    }
+    let packs = packs
+        .into_iter()
+        .map(|(id, (_, entries))| (id, entries))
+        .collect();
+    (packs, disputed.into_iter().collect(), overruled)
+}
+
+fn is_not_found(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Storage(cairn_storage::StorageError::NotFound { .. })
+    )
+}
+
+/// Blobs whose copy outside the packs leaving was read and found whole.
+#[derive(Default)]
+struct Checked {
+    whole: HashSet<BlobId>,
+}
+
+/// Why `pack`, about to be deleted, must stay: a blob its own header lists is one some
+/// snapshot needs, and no other pack that stays holds it whole (`copied` were copied by
+/// this run and need no second look). `None` if it may go. A header that cannot be read
+/// keeps the pack too: what it holds is unknown.
+fn still_needed(
+    repo: &Repository,
+    pack: &PackId,
+    used: &Used,
+    leaving: &HashSet<PackId>,
+    copied: &HashSet<BlobId>,
+    checked: &mut Checked,
+) -> Result<Option<String>> {
+    let entries = match repo.read_pack_header(pack) {
+        Ok(entries) => entries,
+        Err(e) if is_not_found(&e) => return Ok(None),
+        Err(e @ Error::Storage(_)) => return Err(e),
+        Err(e) => return Ok(Some(format!("its header cannot be read ({})", chain(&e)))),
+    };
+    for e in entries.iter().filter(|e| used.contains(&e.id)) {
+        if copied.contains(&e.id) || checked.whole.contains(&e.id) {
+            continue;
+        }
+        let elsewhere = repo
+            .index()
+            .get(&e.id)
+            .filter(|l| l.pack != *pack && !leaving.contains(&l.pack));
+        let whole = match elsewhere {
+            Some(l) => is_whole(repo, &e.id, &l)?,
+            None => false,
+        };
+        if !whole {
+            return Ok(Some(format!(
+                "it holds blob {}, which a snapshot needs, and no pack that stays holds it whole",
+                e.id
+            )));
+        }
+        checked.whole.insert(e.id);
+    }
+    Ok(None)
+}
+
+/// Whether blob `id` at `loc` opens, decompresses and hashes to its id.
+fn is_whole(repo: &Repository, id: &BlobId, loc: &crate::index::BlobLocation) -> Result<bool> {
+    let sealed = match repo.storage().read_range(
+        &loc.pack.storage_name(),
+        u64::from(loc.offset),
+        u64::from(loc.length),
+    ) {
+        Ok(sealed) => sealed,
+        Err(
+            cairn_storage::StorageError::NotFound { .. }
+            | cairn_storage::StorageError::Truncated { .. },
+        ) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let entry = PackEntry {
+        id: *id,
+        kind: loc.kind,
+        offset: 0,
+        length: loc.length,
+        raw_length: loc.raw_length,
+    };
+    Ok(crate::pack::verify_blob(repo.key(), &sealed, &entry))
 }
 
 /// Copies the needed blobs of mostly unused packs into new packs, and indexes those.
