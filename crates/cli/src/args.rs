@@ -990,8 +990,8 @@ pub struct RestoreArgs {
     /// listed. Without root, device nodes cannot be made anyway: each is an error
     #[arg(long)]
     pub no_special_files: bool,
-    /// Clear setuid and setgid bits of restored files (directories keep setgid); each
-    /// file changed is listed. Root restores them by default, as a system restore needs;
+    /// Clear setuid and setgid bits of restored files (directories keep setgid) and
+    /// leave out their capabilities (security.capability); each file changed is listed. Root restores them by default, as a system restore needs;
     /// use this for a snapshot you do not trust or a tree another user owns
     #[arg(long)]
     pub no_setuid: bool,

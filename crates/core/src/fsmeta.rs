@@ -168,7 +168,16 @@ pub struct ApplyOptions {
     /// The owner and group the entry has now, where known for certain: the `chown` is
     /// skipped when they are already the node's (it would still dirty the inode).
     pub owner: Option<(u32, u32)>,
+    /// Leaves out file capabilities (`security.capability`), which grant privileges as
+    /// setuid bits do (`restore --no-setuid`).
+    pub no_capabilities: bool,
+    /// For [`apply_beneath`]: the entry must still be this inode (device, number), the
+    /// one the caller looked at; another put in its place is refused.
+    pub inode: Option<(u64, u64)>,
 }
+
+/// The extended attribute that holds a file's capabilities.
+pub const CAPABILITY_XATTR: &[u8] = b"security.capability";
 
 impl ApplyOptions {
     /// Whether `node`'s owner and group must be set.
@@ -187,6 +196,7 @@ pub fn apply_to_fd(fd: BorrowedFd<'_>, node: &Node, opts: ApplyOptions) -> io::R
     apply_steps(
         node,
         opts.chown(node),
+        opts.no_capabilities,
         || {
             let (uid, gid) = (Uid::from_raw(node.uid), Gid::from_raw(node.gid));
             Ok(rustix::fs::fchown(fd, Some(uid), Some(gid))?)
@@ -229,7 +239,16 @@ pub fn apply_beneath(
         OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         rustix::fs::Mode::empty(),
     )?;
-    let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode);
+    let st = rustix::fs::fstat(&fd)?;
+    if opts
+        .inode
+        .is_some_and(|inode| inode != (st.st_dev, st.st_ino))
+    {
+        return Err(io::Error::other(
+            "was replaced during the restore; its metadata was not applied",
+        ));
+    }
+    let kind = FileType::from_raw_mode(st.st_mode);
     let expected = match node.kind {
         NodeKind::Symlink { .. } => FileType::Symlink,
         NodeKind::Fifo => FileType::Fifo,
@@ -251,6 +270,7 @@ pub fn apply_beneath(
     apply_steps(
         node,
         opts.chown(node),
+        opts.no_capabilities,
         || {
             let (uid, gid) = (Uid::from_raw(node.uid), Gid::from_raw(node.gid));
             Ok(rustix::fs::chownat(
@@ -306,6 +326,7 @@ fn timestamps(node: &Node) -> rustix::fs::Timestamps {
 fn apply_steps(
     node: &Node,
     owners: bool,
+    no_capabilities: bool,
     chown: impl FnOnce() -> io::Result<()>,
     mut set_xattr: impl FnMut(&Xattr) -> io::Result<()>,
     chmod: impl FnOnce() -> io::Result<()>,
@@ -321,6 +342,9 @@ fn apply_steps(
         note(chown());
     }
     for x in &node.xattrs {
+        if no_capabilities && x.name == CAPABILITY_XATTR {
+            continue;
+        }
         note(set_xattr(x));
     }
     note(chmod());

@@ -189,3 +189,149 @@ fn a_device_node_restored_without_root_is_an_error_that_names_the_way_out() {
     assert_success(&out, "restore --no-special-files as nobody");
     assert!(stderr(&out).contains("not restored (character device)"));
 }
+
+/// File capabilities grant privileges as a setuid bit does (`cap_setuid` lets any user of
+/// the file become root): `--no-setuid` leaves them out too, and lists the file.
+#[test]
+fn no_setuid_leaves_out_file_capabilities_and_lists_them() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to give a file capabilities");
+        return;
+    }
+    // vfs_cap_data revision 2, effective, permitted = CAP_SETUID (bit 7).
+    let cap_setuid: [u8; 20] = [
+        1, 0, 0, 2, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("tool"), b"#!/bin/sh\n");
+    if xattr::set(src.join("tool"), "security.capability", &cap_setuid).is_err() {
+        eprintln!("SKIPPED: this file system keeps no file capabilities");
+        return;
+    }
+    env.backup(&[&src], &[]);
+    let spec = format!("latest:{}", src.display());
+    let caps = |p: &Path| xattr::get(p, "security.capability").unwrap();
+
+    let target = env.path("restored");
+    let out = env.restore(&spec, &target, &["--no-setuid"]);
+    assert_eq!(caps(&target.join("tool")), None);
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "cleared (--no-setuid): {}",
+            target.join("tool").display()
+        )),
+        "the file is listed: {err}"
+    );
+
+    let target = env.path("restored-all");
+    env.restore(&spec, &target, &[]);
+    assert_eq!(caps(&target.join("tool")), Some(cap_setuid.to_vec()));
+}
+
+/// Whoever can write into the target can plant a file with the size and mtime of one in
+/// the snapshot. Restoring over it as root, `--overwrite if-changed` must not take it
+/// for the snapshot's file and make it root's and setuid: it is replaced by the
+/// snapshot's bytes. And a hard link to a file elsewhere is never given the snapshot's
+/// metadata.
+#[test]
+fn if_changed_replaces_a_planted_file_instead_of_giving_it_the_snapshots_owner_and_mode() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root to restore owners");
+        return;
+    }
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("suid"), b"the real program\n");
+    write_file(&src.join("plain"), b"a file of root's\n");
+    set_mode(&src.join("suid"), 0o4755);
+    set_mode(&src.join("plain"), 0o644);
+    env.backup(&[&src], &[]);
+    let spec = format!("latest:{}", src.display());
+
+    // The target belongs to nobody, who planted both names.
+    let target = env.path("home-of-nobody");
+    fs::create_dir(&target).unwrap();
+    std::os::unix::fs::chown(&target, Some(65534), Some(65534)).unwrap();
+    let plant = |name: &str, bytes: &[u8]| {
+        let path = target.join(name);
+        fs::write(&path, bytes).unwrap();
+        let mtime = fs::metadata(src.join(name)).unwrap().modified().unwrap();
+        fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+    };
+    plant("suid", b"nobody's program\n");
+    assert_eq!(
+        fs::metadata(target.join("suid")).unwrap().len(),
+        fs::metadata(src.join("suid")).unwrap().len()
+    );
+    // A hard link to a file outside the target, owned as the snapshot says (root) and
+    // with its size and mtime.
+    let outside = env.path("outside-file");
+    fs::write(&outside, b"a file of root's\n").unwrap();
+    set_mode(&outside, 0o600);
+    let mtime = fs::metadata(src.join("plain")).unwrap().modified().unwrap();
+    fs::File::options()
+        .write(true)
+        .open(&outside)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    fs::hard_link(&outside, target.join("plain")).unwrap();
+
+    env.restore(&spec, &target, &["--overwrite", "if-changed"]);
+    let md = fs::symlink_metadata(target.join("suid")).unwrap();
+    assert_eq!(
+        fs::read(target.join("suid")).unwrap(),
+        b"the real program\n"
+    );
+    assert_eq!((md.uid(), md.mode() & 0o7777), (0, 0o4755));
+    let md = fs::symlink_metadata(&outside).unwrap();
+    assert_eq!(md.mode() & 0o7777, 0o600, "the file outside keeps its mode");
+    assert_eq!(
+        fs::symlink_metadata(target.join("plain")).unwrap().nlink(),
+        1,
+        "the link was replaced"
+    );
+}
+
+/// A target that is another user's symlink sends a root restore wherever that user
+/// chose: it is followed (a symlink in a path is how many systems are laid out) but
+/// named in a warning.
+#[test]
+fn a_root_restore_through_another_users_symlink_warns() {
+    if !is_root() {
+        eprintln!("SKIPPED: needs root");
+        return;
+    }
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("f"), b"f\n");
+    env.backup(&[&src], &[]);
+    let real = env.path("roots-dir");
+    fs::create_dir(&real).unwrap();
+    let link = env.path("nobodys-link");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let spec = format!("latest:{}", src.display());
+
+    let out = env.restore(&spec, &link, &[]);
+    assert!(
+        !stderr(&out).contains("a symlink that user id"),
+        "{}",
+        stderr(&out)
+    );
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).unwrap();
+    let out = env.restore(&spec, &link, &["--overwrite", "always"]);
+    let err = stderr(&out);
+    assert!(
+        err.contains("a symlink that user id 65534 owns") && err.contains("roots-dir"),
+        "{err}"
+    );
+    assert_eq!(fs::read(real.join("f")).unwrap(), b"f\n");
+}

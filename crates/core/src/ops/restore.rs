@@ -355,6 +355,9 @@ struct Found {
     rdev: u64,
     dev: u64,
     ino: u64,
+    uid: u32,
+    gid: u32,
+    nlink: u64,
 }
 
 impl From<rustix::fs::Stat> for Found {
@@ -369,6 +372,9 @@ impl From<rustix::fs::Stat> for Found {
             rdev: st.st_rdev,
             dev: st.st_dev,
             ino: st.st_ino,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            nlink: st.st_nlink,
         }
     }
 }
@@ -468,6 +474,22 @@ impl Restorer<'_> {
     /// can race the restore. Nothing escapes the target whatever they do, but what lands
     /// inside it is theirs to move around.
     fn check_owner(&mut self, dir: &Dir) {
+        // The target's own name is followed if it is a symlink: one another user made
+        // sends the restore wherever they chose, a directory root owns included.
+        if let Ok(md) = std::fs::symlink_metadata(&self.opts.target) {
+            use std::os::unix::fs::MetadataExt;
+            if self.euid == 0 && md.file_type().is_symlink() && md.uid() != 0 {
+                let to = std::fs::read_link(&self.opts.target).unwrap_or_default();
+                self.stats.warnings.push(format!(
+                    "restoring as root through {}, a symlink that user id {} owns (to {}): \
+                     that user chose where this restore writes; give the directory itself as \
+                     the target",
+                    self.opts.target.display(),
+                    md.uid(),
+                    to.display()
+                ));
+            }
+        }
         if self.euid == 0 && dir.uid != 0 && self.stats.warnings.is_empty() {
             self.stats.warnings.push(format!(
                 "restoring as root into {}, which user id {} owns: that user can move \
@@ -532,19 +554,25 @@ impl Restorer<'_> {
     }
 
     /// The mode to give `node`: its own, without setuid and setgid bits with
-    /// `no_setuid` (directories keep theirs: setgid there only passes the group on).
+    /// `no_setuid` (directories keep theirs: setgid there only passes the group on). A
+    /// file whose capabilities `no_setuid` leaves out is listed with them.
     fn mode_of(&mut self, node: &Node, path: &Path) -> u32 {
         let mode = node.mode & 0o7777;
-        if self.opts.no_setuid
-            && mode & 0o6000 != 0
-            && !matches!(node.kind, NodeKind::Dir { .. } | NodeKind::Symlink { .. })
+        if !self.opts.no_setuid
+            || matches!(node.kind, NodeKind::Dir { .. } | NodeKind::Symlink { .. })
         {
+            return mode;
+        }
+        let capabilities = node
+            .xattrs
+            .iter()
+            .any(|x| x.name == fsmeta::CAPABILITY_XATTR);
+        if mode & 0o6000 != 0 || capabilities {
             self.stats
                 .setuid_cleared
                 .push(path.to_string_lossy().into_owned());
-            return mode & !0o6000;
         }
-        mode
+        mode & !0o6000
     }
 
     /// Applies a restored directory's metadata through a descriptor opened beneath the
@@ -574,6 +602,8 @@ impl Restorer<'_> {
                 owners: self.opts.owners,
                 mode: Some(mode),
                 owner: None,
+                no_capabilities: self.opts.no_setuid,
+                inode: None,
             },
         )
     }
@@ -839,6 +869,8 @@ impl Restorer<'_> {
                     owners: self.opts.owners,
                     mode: Some(mode),
                     owner: None,
+                    no_capabilities: self.opts.no_setuid,
+                    inode: None,
                 };
                 if let Err(e) = fsmeta::apply_beneath(parent.as_fd(), name, node, opts) {
                     self.problem(path, &format!("metadata not fully restored: {e}"));
@@ -994,8 +1026,9 @@ impl Restorer<'_> {
                 .map(Found::from)
         };
         if let Some(found) = &found {
-            let (repo, verify) = (self.repo, self.opts.verify);
-            let same = |found: &Found| file_matches(repo, verify, node, found, parent, name);
+            let (repo, verify, owners) = (self.repo, self.opts.verify, self.opts.owners);
+            let same =
+                |found: &Found| file_matches(repo, verify, owners, node, found, parent, name);
             let decision = self
                 .decide(found, same, older)
                 .map_err(|e| format!("cannot compare with the snapshot: {e}"))?;
@@ -1012,8 +1045,18 @@ impl Restorer<'_> {
                             },
                         );
                     }
-                    // Metadata such as the mode may still differ; the caller applies it.
-                    return Ok(true);
+                    // Metadata such as the mode may still differ: set on the inode just
+                    // compared, which another user may have swapped for another since.
+                    let opts = ApplyOptions {
+                        owners: self.opts.owners,
+                        mode: Some(self.mode_of(node, path)),
+                        owner: None,
+                        no_capabilities: self.opts.no_setuid,
+                        inode: Some((found.dev, found.ino)),
+                    };
+                    fsmeta::apply_beneath(parent.as_fd(), name, node, opts)
+                        .map_err(|e| format!("metadata not fully restored: {e}"))?;
+                    return Ok(false);
                 }
                 Existing::Keep => return Ok(false),
             }
@@ -1153,6 +1196,7 @@ fn creation_mode(mode: u32, umask: Option<u32>) -> (u32, Option<u32>) {
 fn file_matches(
     repo: &Repository,
     verify: bool,
+    owners: bool,
     node: &Node,
     found: &Found,
     dir: &Dir,
@@ -1162,6 +1206,16 @@ fn file_matches(
         return Ok(false);
     };
     if found.kind != FileType::RegularFile || found.size != *size || found.mtime != node.mtime {
+        return Ok(false);
+    }
+    // Not taken for the snapshot's file, so that its metadata is never set there: a file
+    // with other names the snapshot does not give it (a hard link to a file outside the
+    // target), or, where the restore sets owners, one someone else owns (planted by
+    // whoever can write here, with the right size and mtime, to be made root's and
+    // setuid). Such a file is replaced by a new one.
+    if (found.nlink > 1 && node.links <= 1)
+        || (owners && (found.uid, found.gid) != (node.uid, node.gid))
+    {
         return Ok(false);
     }
     if !verify {

@@ -347,6 +347,9 @@ struct Slot {
     created: bool,
     /// The file is unnamed (`O_TMPFILE`): it must stay open until it is linked.
     unnamed: bool,
+    /// A named temporary file's device and inode, to know it again when it is opened
+    /// again by name (whoever can write into its directory could put another there).
+    inode: Option<(u64, u64)>,
     /// The first failure; later parts are not written.
     error: Option<String>,
     /// What was written, for `verify` (see [`part_digest`]).
@@ -474,7 +477,9 @@ impl Batch<'_> {
                 return Ok(());
             }
             if slot.file.is_none() {
-                let (file, unnamed) = open_tmp(&state.job, !slot.created, self.opts.verify)?;
+                let created = slot.created;
+                let (file, unnamed) =
+                    open_part_file(&state.job, &mut slot.inode, created, self.opts.verify)?;
                 slot.created = true;
                 slot.unnamed = unnamed;
                 slot.file = Some(Arc::new(file));
@@ -514,7 +519,7 @@ impl Batch<'_> {
     /// Completes file `i` (all its parts are written or failed) and reports it.
     fn finish(&self, i: usize) {
         let state = &self.files[i];
-        let (file, created, error, digest, end) = {
+        let (file, created, error, digest, end, mut inode) = {
             let mut slot = state.lock();
             let file = slot.file.take();
             if file.is_some() {
@@ -526,7 +531,14 @@ impl Batch<'_> {
                 let file = Arc::try_unwrap(f).or_else(|shared| shared.try_clone());
                 file.map(|f| (f, slot.unnamed)).map_err(|e| e.to_string())
             });
-            (file, slot.created, slot.error.take(), slot.digest, slot.end)
+            (
+                file,
+                slot.created,
+                slot.error.take(),
+                slot.digest,
+                slot.end,
+                slot.inode,
+            )
         };
         let job = &state.job;
         let outcome = match error {
@@ -538,7 +550,9 @@ impl Batch<'_> {
                 Err(e)
             }
             // Closed after its last part to keep few files open, or never opened (empty).
-            None => match file.unwrap_or_else(|| open_tmp(job, !created, self.opts.verify)) {
+            None => match file
+                .unwrap_or_else(|| open_part_file(job, &mut inode, created, self.opts.verify))
+            {
                 Ok((file, unnamed)) => complete(file, unnamed, job, self.opts, &digest, end),
                 Err(e) => Err(e),
             },
@@ -650,6 +664,8 @@ fn complete(
             mode: job.chmod,
             // The file is new: made by this restore, under a temporary name or none.
             owner: job.dir.new_file_owner(),
+            no_capabilities: opts.no_setuid,
+            inode: None,
         };
         crate::fsmeta::apply_to_fd(file.as_fd(), &job.node, apply)
             .map_err(|e| format!("metadata not restored: {e}"))?;
@@ -724,6 +740,33 @@ fn open_tmp(job: &FileJob, create: bool, verify: bool) -> Result<(File, bool), S
             Err(format!("cannot {verb} {}: {e}", job.tmp_path().display()))
         }
     }
+}
+
+/// Opens the job's temporary file for a part: creates it (`created` false), noting the
+/// inode of a named one in `inode`, or opens it again by name and checks that it is that
+/// inode still.
+fn open_part_file(
+    job: &FileJob,
+    inode: &mut Option<(u64, u64)>,
+    created: bool,
+    verify: bool,
+) -> Result<(File, bool), String> {
+    let (file, unnamed) = open_tmp(job, !created, verify)?;
+    if unnamed {
+        return Ok((file, unnamed));
+    }
+    let st = rustix::fs::fstat(&file).map_err(|e| e.to_string())?;
+    match *inode {
+        None => *inode = Some((st.st_dev, st.st_ino)),
+        Some(known) if known != (st.st_dev, st.st_ino) => {
+            return Err(format!(
+                "its temporary file {} was replaced by another during the restore",
+                job.tmp_path().display()
+            ))
+        }
+        Some(_) => {}
+    }
+    Ok((file, unnamed))
 }
 
 /// Consecutive blobs of a pack (in offset order) that one read should fetch: gaps of at
