@@ -198,7 +198,15 @@ fn list_in(storage: &dyn Storage, key: &MasterKey) -> Result<Vec<SessionView>> {
         let info = match storage.read(&name) {
             Ok(bytes) => crate::object::open(key, Purpose::Session, &bytes)
                 .ok()
-                .and_then(|j| SessionInfo::from_json(&j).ok()),
+                .and_then(|j| SessionInfo::from_json(&j).ok())
+                .map(|mut info| {
+                    // A writer cannot read the trash: its word on what it observed is
+                    // none (a planted one could otherwise raise the generation floor).
+                    if key.sealed_by_writer(&bytes) {
+                        info.observed = None;
+                    }
+                    info
+                }),
             Err(StorageError::NotFound { .. }) => continue,
             Err(e) => return Err(e.into()),
         };
@@ -611,6 +619,31 @@ pub fn process_alive(pid: u32, start: Option<u64>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A writer cannot read the trash, so a session file a writer sealed observed nothing,
+    /// whatever it says: a planted one claiming the last generation there is must not
+    /// raise the floor prune condemns above (see `trash::condemn`).
+    #[test]
+    fn a_writers_session_file_observed_nothing_whatever_it_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = crate::repo::test_repository(dir.path());
+        let writer = repo.config().write_only_key(repo.key()).unwrap();
+        writer.bind_repository(&repo.config().id).unwrap();
+        let claims = SessionInfo {
+            observed: Some(u64::MAX),
+            ..info("h", "b", 1, 60)
+        };
+        for (key, observed) in [(&writer, None), (repo.key().as_ref(), Some(u64::MAX))] {
+            let json = serde_json::to_vec(&claims).unwrap();
+            let bytes = crate::object::seal(key, Purpose::Session, &json);
+            let name = format!("sessions/{}", blake3::hash(&bytes).to_hex());
+            repo.storage().write(&name, &bytes).unwrap();
+            let views = list(&repo).unwrap();
+            let view = views.iter().find(|v| v.files.contains(&name)).unwrap();
+            assert_eq!(view.info.as_ref().unwrap().observed, observed);
+            repo.storage().delete(&name).unwrap();
+        }
+    }
 
     fn info(host: &str, boot: &str, pid: u32, beat_secs: u64) -> SessionInfo {
         SessionInfo {

@@ -186,7 +186,15 @@ pub fn replace(
 /// observed (a trash file deleted by hand must not make generations start again).
 /// Returns the new generation.
 pub fn condemn(repo: &Repository, trash: &mut Trash, packs: &[PackId], floor: u64) -> Result<u64> {
-    let generation = trash.generation.max(floor) + 1;
+    // Only a planted session file claims a generation this high; wrapping round to 0
+    // would let every live session's condemnations count as seen.
+    let generation = trash.generation.max(floor).checked_add(1).ok_or_else(|| {
+        crate::error::Error::InvalidInput(format!(
+            "a session file claims trash generation {}, so no later one exists; \
+                 delete the session files in sessions/ that no running command wrote",
+            trash.generation.max(floor)
+        ))
+    })?;
     let now = jiff::Timestamp::now();
     let mut all: Vec<Condemned> = trash.packs.values().copied().collect();
     for &id in packs {
@@ -251,6 +259,22 @@ mod tests {
 
     fn pack(n: u8) -> PackId {
         PackId([n; 32])
+    }
+
+    /// A planted session file may claim the last generation there is: prune stops, it
+    /// does not wrap round to generation 0 (which every live session has observed).
+    #[test]
+    fn no_generation_comes_after_the_last_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = repository(dir.path());
+        let mut trash = read(&repo).unwrap();
+        let err = condemn(&repo, &mut trash, &[pack(1)], u64::MAX).unwrap_err();
+        assert!(err.to_string().contains("sessions/"), "{err}");
+        assert!(repo.storage().list("trash").unwrap().is_empty());
+        assert_eq!(
+            condemn(&repo, &mut trash, &[pack(1)], u64::MAX - 1).unwrap(),
+            u64::MAX
+        );
     }
 
     #[test]
