@@ -346,20 +346,20 @@ pub fn repair_snapshots(
             None => None,
         }
     };
+    // The packs the repaired trees rely on, and when they were last checked.
+    let mut checked: Option<(HashSet<PackId>, std::time::Duration)> = None;
     if let Some(mut w) = written {
         let relied = crate::commit::relied_packs(&w);
         repo.index_written(&mut w)?;
         // The repaired trees' other blobs are their originals', which stay until the
         // repaired versions are written; the new packs must still be there.
         if let Some(session) = &session {
+            let at = crate::session::boot_time();
             let unsafe_packs = crate::commit::check(repo, session, &relied)?;
             if let Some(pack) = unsafe_packs.first() {
-                return Err(crate::error::Error::InvalidInput(format!(
-                    "pack {} that this repair wrote is gone or condemned (was the repository \
-                     pruned while this ran paused?); no snapshot was written. Run it again",
-                    pack.storage_name()
-                )));
+                return Err(packs_gone(pack));
             }
+            checked = Some((relied, at));
         }
     }
     // Snapshot files that cannot be read at all are lost the same way.
@@ -390,7 +390,17 @@ pub fn repair_snapshots(
         if !snapshot.tags.iter().any(|t| t == REPAIRED_TAG) {
             snapshot.tags.push(REPAIRED_TAG.into());
         }
-        let new_id = repo.save_snapshot(&snapshot)?;
+        // A repair paused after its check may have been taken for crashed, and its new
+        // packs pruned: then the check runs again, and the original is not forgotten.
+        let new_id = match (&session, &checked) {
+            (Some(session), Some((relied, at))) => {
+                match crate::commit::save_snapshot(repo, session, relied, &snapshot, *at)? {
+                    Ok(id) => id,
+                    Err(packs) => return Err(packs_gone(&packs[0])),
+                }
+            }
+            _ => repo.save_snapshot(&snapshot)?,
+        };
         if forget {
             crate::ops::forget::remove(repo, &[old_id])?;
             report.snapshots_removed += 1;
@@ -576,6 +586,15 @@ fn mark(name: &mut Vec<u8>) {
     if !name.ends_with(b".damaged") {
         name.extend_from_slice(b".damaged");
     }
+}
+
+/// Why a repair stopped: a pack it wrote went (a prune ran while it was paused).
+fn packs_gone(pack: &PackId) -> crate::error::Error {
+    crate::error::Error::InvalidInput(format!(
+        "pack {} that this repair wrote is gone or condemned (was the repository pruned \
+         while this ran paused?); no snapshot was written for it. Run it again",
+        pack.storage_name()
+    ))
 }
 
 #[cfg(test)]
