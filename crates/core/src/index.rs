@@ -240,6 +240,17 @@ impl Packs {
         self.writer[n] && !self.own[n]
     }
 
+    /// Whether a file that lists `pack` as a writer's speaks for it: not where a full
+    /// key's file counts it as the repository's own (a thief's writer file could
+    /// otherwise place blobs in it at offsets of its choosing, on equal standing).
+    fn writer_speaks_for(&self, file: &IndexFile, pack: &PackId) -> bool {
+        !file.writer_packs.contains(pack)
+            || !self
+                .numbers
+                .get(pack)
+                .is_some_and(|&n| self.own[n as usize])
+    }
+
     fn is_writer(&self, id: &PackId) -> bool {
         self.numbers
             .get(id)
@@ -516,11 +527,15 @@ impl Index {
         self.packs.mark_file(file);
     }
 
-    /// Adds every pack of `file`, marking its packs first (see [`Self::mark_file`]).
+    /// Adds every pack of `file`, marking its packs first (see [`Self::mark_file`]); a
+    /// pack it lists as a writer's that a full key's file already counts as the
+    /// repository's own keeps the entries it has.
     pub fn add_file(&mut self, file: &IndexFile) {
         self.mark_file(file);
         for p in &file.packs {
-            self.add_pack(p.id, &p.entries);
+            if self.packs.writer_speaks_for(file, &p.id) {
+                self.add_pack(p.id, &p.entries);
+            }
         }
     }
 
@@ -756,6 +771,10 @@ impl<'a> BlobSet<'a> {
 pub struct IndexBuilder {
     packs: Packs,
     entries: Vec<Entry>,
+    /// Entries of packs files list as writers', kept apart until every file is in: a
+    /// full key's file may yet count the pack as the repository's own, and then these
+    /// are dropped.
+    writers: Vec<Entry>,
 }
 
 impl IndexBuilder {
@@ -773,17 +792,33 @@ impl IndexBuilder {
     }
 
     /// Adds every pack of `file`, marking its packs as [`Index::mark_file`] does (before
-    /// or after adding).
+    /// or after adding); what it lists for a pack as a writer's counts only if no file
+    /// counts that pack as the repository's own.
     pub fn add_file(&mut self, file: &IndexFile) {
         self.packs.mark_file(file);
         for p in &file.packs {
-            self.add_pack(p.id, &p.entries);
+            if file.writer_packs.contains(&p.id) {
+                let number = self.packs.number(p.id);
+                self.writers
+                    .extend(p.entries.iter().map(|e| Entry::new(e, number)));
+            } else {
+                self.add_pack(p.id, &p.entries);
+            }
         }
     }
 
     /// The index, as if every pack had been condemned first and then added in order.
     pub fn finish(self) -> Index {
-        let IndexBuilder { packs, mut entries } = self;
+        let IndexBuilder {
+            packs,
+            mut entries,
+            writers,
+        } = self;
+        entries.extend(
+            writers
+                .into_iter()
+                .filter(|e| !packs.own[e.pack_number() as usize]),
+        );
         packs.sort_and_keep_preferred(&mut entries);
         entries.shrink_to_fit();
         Index {

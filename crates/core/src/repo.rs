@@ -233,12 +233,17 @@ impl Repository {
 
     /// A write-only key reads no index file (it cannot open them): its index is the packs
     /// its own earlier backups stored, as its client remembers them, less those no longer
-    /// stored (forgotten, as prune may have re-sealed and deleted them).
+    /// stored (forgotten, as prune may have re-sealed and deleted them) and those prune's
+    /// notices name as condemned ([`crate::trash::noticed`]).
     fn load_writer_index(&mut self) -> Result<()> {
         let state = self.writer_state();
         let stored: std::collections::HashSet<PackId> = self.list_packs()?.into_iter().collect();
+        // Read after the backup's session was registered: a prune that may delete a pack
+        // once it has listed sessions wrote its notice before that.
+        let condemned = crate::trash::noticed(self)?;
         let mut index = IndexBuilder::default();
-        for p in state.packs.iter().filter(|p| stored.contains(&p.id)) {
+        let usable = |p: &&IndexedPack| stored.contains(&p.id) && !condemned.contains(&p.id);
+        for p in state.packs.iter().filter(usable) {
             index.add_pack(p.id, &p.entries);
         }
         self.install_index(index.finish());
@@ -391,8 +396,9 @@ impl Repository {
 
     /// Adds the packs of an index file to the in-memory index, its writers' packs marked.
     pub fn absorb_file(&mut self, file: &IndexFile) {
-        self.index.mark_file(file);
-        self.absorb(&file.packs);
+        self.tree_packs = std::sync::OnceLock::new();
+        self.pack_ends = std::sync::OnceLock::new();
+        self.index.add_file(file);
     }
 
     /// Adds packs written by this process to the in-memory index.

@@ -9,8 +9,14 @@
 //! pack condemned in generation `g` is deleted only once every live session has observed
 //! `g` (see `docs/ARCHITECTURE.md`). One maintenance session at a time writes trash
 //! files, so generations only grow.
+//!
+//! A write-only key cannot open trash files, so beside each one prune writes a *notice*:
+//! the same condemned pack ids in plain text, which every writer reads after registering
+//! its session and does not build on (format 3). Anyone who can write may add a notice,
+//! but a false one only makes writers store data again; none can be removed but by
+//! prune.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +71,8 @@ pub struct Trash {
     pub generation: u64,
     /// Files that could not be read: then this reader does not know every condemnation.
     pub problems: Vec<Error>,
+    /// Storage names of the notices read (see the module's documentation).
+    pub notices: Vec<String>,
 }
 
 impl Trash {
@@ -109,8 +117,9 @@ pub fn read(repo: &Repository) -> Result<Trash> {
             match read_file(repo, &name) {
                 // Only prune writes trash, with a full key: a writer's "trash" is a
                 // writer's word (or a thief's), and condemns nothing.
-                Ok(None) => {}
-                Ok(Some(file)) => trash.add(name, file),
+                Ok(Read::Ignored) => {}
+                Ok(Read::Notice) => trash.notices.push(name),
+                Ok(Read::Trash(file)) => trash.add(name, file),
                 Err(Error::Storage(cairn_storage::StorageError::NotFound { .. }))
                     if attempt < 4 =>
                 {
@@ -126,17 +135,71 @@ pub fn read(repo: &Repository) -> Result<Trash> {
     }
 }
 
-fn read_file(repo: &Repository, name: &str) -> Result<Option<TrashFile>> {
+/// What a file in `trash/` is.
+enum Read {
+    Trash(TrashFile),
+    /// A notice for writers (see the module's documentation).
+    Notice,
+    /// Sealed by a writer: nothing.
+    Ignored,
+}
+
+fn read_file(repo: &Repository, name: &str) -> Result<Read> {
     let bytes = repo.storage().read(name)?;
     repo.check_name(name, &bytes)?;
+    if bytes.starts_with(NOTICE) {
+        return Ok(Read::Notice);
+    }
     if repo.key().sealed_by_writer(&bytes) {
-        return Ok(None);
+        return Ok(Read::Ignored);
     }
     let json = crate::object::open(repo.key(), Purpose::Trash, &bytes)
         .map_err(|r| repo.corrupt(name, r))?;
     TrashFile::from_json(&json)
-        .map(Some)
+        .map(Read::Trash)
         .map_err(|r| repo.corrupt(name, r))
+}
+
+/// How a notice starts; a pack id in hex follows on each line.
+const NOTICE: &[u8] = b"cairn: condemned packs\n";
+
+fn notice_bytes(packs: &[Condemned]) -> Vec<u8> {
+    let mut bytes = NOTICE.to_vec();
+    for c in packs {
+        bytes.extend_from_slice(c.id.to_string().as_bytes());
+        bytes.push(b'\n');
+    }
+    bytes
+}
+
+/// The packs a notice names; `None` if `bytes` is not a notice. Lines that are not pack
+/// ids are skipped: a notice is a hint, and only ever makes a writer store more.
+fn parse_notice(bytes: &[u8]) -> Option<Vec<PackId>> {
+    let rest = bytes.strip_prefix(NOTICE)?;
+    Some(
+        rest.split(|&b| b == b'\n')
+            .filter_map(|line| std::str::from_utf8(line).ok()?.parse().ok())
+            .collect(),
+    )
+}
+
+/// Every pack the notices in `trash/` name: what a write-only key must not build on. A
+/// notice replaced between the listing and its read sends the reader to list again.
+pub fn noticed(repo: &Repository) -> Result<HashSet<PackId>> {
+    let mut attempt = 0;
+    'list: loop {
+        attempt += 1;
+        let mut packs = HashSet::new();
+        for name in repo.storage().list("trash")? {
+            let bytes = match repo.storage().read(&name) {
+                Ok(bytes) => bytes,
+                Err(cairn_storage::StorageError::NotFound { .. }) if attempt < 4 => continue 'list,
+                Err(e) => return Err(e.into()),
+            };
+            packs.extend(parse_notice(&bytes).unwrap_or_default());
+        }
+        return Ok(packs);
+    }
 }
 
 /// Writes a trash file; returns its storage name.
@@ -162,6 +225,19 @@ pub fn replace(
 ) -> Result<()> {
     let mut packs = packs;
     packs.sort_by_key(|c| c.id);
+    // The notice first: a prune stopped between the two leaves writers avoiding packs
+    // that are not condemned, never building on ones that are. Only where write-only
+    // keys exist.
+    let mut notice_name = None;
+    if repo.key().format() >= crate::crypto::WRITERS_FORMAT {
+        let notice = notice_bytes(&packs);
+        let name = name_of(blake3::hash(&notice).as_bytes());
+        match repo.storage().write(&name, &notice) {
+            Ok(()) | Err(cairn_storage::StorageError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        notice_name = Some(name);
+    }
     let name = write(
         repo,
         &TrashFile {
@@ -170,12 +246,13 @@ pub fn replace(
             packs: packs.clone(),
         },
     )?;
-    for old in &trash.files {
-        if *old != name {
+    for old in trash.files.iter().chain(&trash.notices) {
+        if *old != name && Some(old) != notice_name.as_ref() {
             cairn_storage::delete_if_present(repo.storage().as_ref(), old)?;
         }
     }
     trash.files = vec![name];
+    trash.notices = notice_name.into_iter().collect();
     trash.packs = packs.into_iter().map(|c| (c.id, c)).collect();
     trash.generation = generation;
     Ok(())
@@ -261,6 +338,42 @@ mod tests {
         PackId([n; 32])
     }
 
+    /// Each trash file prune writes comes with a notice naming the same packs, which full
+    /// keys pass over and which replaces the notice before it; a notice anyone planted
+    /// adds packs for writers to avoid.
+    #[test]
+    fn notices_name_what_the_trash_condemns_for_writers() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = repository(dir.path());
+        let mut trash = read(&repo).unwrap();
+        condemn(&repo, &mut trash, &[pack(1)], 0).unwrap();
+        condemn(&repo, &mut trash, &[pack(2)], 0).unwrap();
+        assert_eq!(
+            repo.storage().list("trash").unwrap().len(),
+            2,
+            "a file and a notice"
+        );
+        let again = read(&repo).unwrap();
+        assert!(again.problems.is_empty(), "{:?}", again.problems);
+        assert_eq!((again.files.len(), again.notices.len()), (1, 1));
+        assert_eq!(noticed(&repo).unwrap(), HashSet::from([pack(1), pack(2)]));
+
+        let planted = notice_bytes(&[Condemned {
+            id: pack(3),
+            generation: 9,
+            condemned_at: jiff::Timestamp::now(),
+        }]);
+        let name = name_of(blake3::hash(&planted).as_bytes());
+        repo.storage().write(&name, &planted).unwrap();
+        assert!(noticed(&repo).unwrap().contains(&pack(3)));
+        assert!(read(&repo).unwrap().problems.is_empty());
+
+        let mut trash = read(&repo).unwrap();
+        replace(&repo, &mut trash, 2, Vec::new()).unwrap();
+        assert_eq!(noticed(&repo).unwrap(), HashSet::new());
+        assert_eq!(repo.storage().list("trash").unwrap().len(), 2);
+    }
+
     /// A planted session file may claim the last generation there is: prune stops, it
     /// does not wrap round to generation 0 (which every live session has observed).
     #[test]
@@ -285,10 +398,9 @@ mod tests {
         assert_eq!(trash.observed(), Some(0));
         assert_eq!(condemn(&repo, &mut trash, &[pack(1)], 0).unwrap(), 1);
         assert_eq!(condemn(&repo, &mut trash, &[pack(2)], 0).unwrap(), 2);
-        // One file, the whole trash.
-        let names = repo.storage().list("trash").unwrap();
-        assert_eq!(names.len(), 1);
+        // One file, the whole trash (and its notice for writers).
         let again = read(&repo).unwrap();
+        assert_eq!((again.files.len(), again.notices.len()), (1, 1));
         assert_eq!(again.observed(), Some(2));
         assert_eq!(again.packs[&pack(1)].generation, 1);
         assert_eq!(again.packs[&pack(2)].generation, 2);

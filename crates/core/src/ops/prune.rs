@@ -277,7 +277,8 @@ pub fn prune(
         fresh(&session)?;
         repack(repo, &to_repack, monitor)?;
     }
-    // Copied by this run, from copies that were read and verified as they were.
+    // Copied by this run, from copies that were read and verified as they were (those
+    // left out as damaged are in no pack that stays: their packs are rescued first).
     let copied: HashSet<BlobId> = to_repack
         .iter()
         .flat_map(|(_, need)| need.iter().map(|e| e.id))
@@ -391,7 +392,9 @@ pub fn prune(
         if !stored.contains_key(pack) {
             continue;
         }
-        if let Some(why) = still_needed(repo, pack, &used, &leaving, &copied, &mut checked)? {
+        let listed = packs.get(pack).map_or(&[][..], Vec::as_slice);
+        if let Some(why) = still_needed(repo, pack, listed, &used, &leaving, &copied, &mut checked)?
+        {
             let path = std::path::PathBuf::from(pack.storage_name());
             monitor.problem(&path, &format!("kept: {why}"));
             kept.push(*pack);
@@ -561,8 +564,11 @@ fn pack_entries<'a>(
                     disputed.remove(&p.id);
                     overruled = true;
                 }
+                // The same entries again (old and new index files both left by a prune
+                // that stopped before deleting the old ones): nothing to settle.
+                Some(known) if own == known.0 && known.1 == p.entries => {}
                 Some(known) if own == known.0 => {
-                    // Rare (a pack two files name): only then a set of what is known.
+                    // Rare (a pack two files name differently): only then a set.
                     let ids: HashSet<BlobId> = known.1.iter().map(|e| e.id).collect();
                     known
                         .1
@@ -594,12 +600,14 @@ struct Checked {
 }
 
 /// Why `pack`, about to be deleted, must stay: a blob its own header lists is one some
-/// snapshot needs, and no other pack that stays holds it whole (`copied` were copied by
-/// this run and need no second look). `None` if it may go. A header that cannot be read
-/// keeps the pack too: what it holds is unknown.
+/// snapshot needs, whole in it, and no other pack that stays holds it whole (`copied`
+/// were copied by this run and need no second look). `None` if it may go. Where the
+/// header cannot be read (a damaged pack `repair index` condemned), what the index
+/// files `listed` there stands in for it.
 fn still_needed(
     repo: &Repository,
     pack: &PackId,
+    listed: &[PackEntry],
     used: &Used,
     leaving: &HashSet<PackId>,
     copied: &HashSet<BlobId>,
@@ -609,7 +617,7 @@ fn still_needed(
         Ok(entries) => entries,
         Err(e) if is_not_found(&e) => return Ok(None),
         Err(e @ Error::Storage(_)) => return Err(e),
-        Err(e) => return Ok(Some(format!("its header cannot be read ({})", chain(&e)))),
+        Err(_) => listed.to_vec(),
     };
     for e in entries.iter().filter(|e| used.contains(&e.id)) {
         if copied.contains(&e.id) || checked.whole.contains(&e.id) {
@@ -623,13 +631,24 @@ fn still_needed(
             Some(l) => is_whole(repo, &e.id, &l)?,
             None => false,
         };
-        if !whole {
+        // Keeping the pack helps only if its own copy is whole (a writer's blob that did
+        // not verify, left out of its repack, is garbage here too).
+        let here = crate::index::BlobLocation {
+            pack: *pack,
+            kind: e.kind,
+            offset: e.offset,
+            length: e.length,
+            raw_length: e.raw_length,
+        };
+        if !whole && is_whole(repo, &e.id, &here)? {
             return Ok(Some(format!(
                 "it holds blob {}, which a snapshot needs, and no pack that stays holds it whole",
                 e.id
             )));
         }
-        checked.whole.insert(e.id);
+        if whole {
+            checked.whole.insert(e.id);
+        }
     }
     Ok(None)
 }

@@ -392,10 +392,17 @@ pub fn repair_snapshots(
         }
         // A repair paused after its check may have been taken for crashed, and its new
         // packs pruned: then the check runs again, and the original is not forgotten.
-        let new_id = match (&session, &checked) {
+        let new_id = match (&session, &mut checked) {
             (Some(session), Some((relied, at))) => {
+                let before = crate::session::boot_time();
                 match crate::commit::save_snapshot(repo, session, relied, &snapshot, *at)? {
-                    Ok(id) => id,
+                    // Checked again in there if it was long since: no sooner next time.
+                    Ok(id) => {
+                        if before.saturating_sub(*at) >= session.lost_after() {
+                            *at = before;
+                        }
+                        id
+                    }
                     Err(packs) => return Err(packs_gone(&packs[0])),
                 }
             }

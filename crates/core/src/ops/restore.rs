@@ -189,6 +189,7 @@ pub fn restore(
         dirs: Vec::new(),
         in_flight: HashMap::new(),
     };
+    r.check_target_link();
     r.check_owner(&target);
     let walked = std::thread::scope(|scope| {
         let fill = scope
@@ -356,7 +357,6 @@ struct Found {
     dev: u64,
     ino: u64,
     uid: u32,
-    gid: u32,
     nlink: u64,
 }
 
@@ -373,8 +373,9 @@ impl From<rustix::fs::Stat> for Found {
             dev: st.st_dev,
             ino: st.st_ino,
             uid: st.st_uid,
-            gid: st.st_gid,
-            nlink: st.st_nlink,
+            // Narrower than 64 bits on some targets.
+            #[allow(clippy::useless_conversion)]
+            nlink: st.st_nlink.into(),
         }
     }
 }
@@ -473,9 +474,9 @@ impl Restorer<'_> {
     /// Warns (once) when root works in a directory that another user owns: that user
     /// can race the restore. Nothing escapes the target whatever they do, but what lands
     /// inside it is theirs to move around.
-    fn check_owner(&mut self, dir: &Dir) {
-        // The target's own name is followed if it is a symlink: one another user made
-        // sends the restore wherever they chose, a directory root owns included.
+    /// Warns when root restores through a target that is another user's symlink: its own
+    /// name is followed, so that user chose where the restore writes.
+    fn check_target_link(&mut self) {
         if let Ok(md) = std::fs::symlink_metadata(&self.opts.target) {
             use std::os::unix::fs::MetadataExt;
             if self.euid == 0 && md.file_type().is_symlink() && md.uid() != 0 {
@@ -490,6 +491,9 @@ impl Restorer<'_> {
                 ));
             }
         }
+    }
+
+    fn check_owner(&mut self, dir: &Dir) {
         if self.euid == 0 && dir.uid != 0 && self.stats.warnings.is_empty() {
             self.stats.warnings.push(format!(
                 "restoring as root into {}, which user id {} owns: that user can move \
@@ -1026,9 +1030,14 @@ impl Restorer<'_> {
                 .map(Found::from)
         };
         if let Some(found) = &found {
-            let (repo, verify, owners) = (self.repo, self.opts.verify, self.opts.owners);
-            let same =
-                |found: &Found| file_matches(repo, verify, owners, node, found, parent, name);
+            let (repo, verify, owners, euid) =
+                (self.repo, self.opts.verify, self.opts.owners, self.euid);
+            // Restoring owners, a file of anyone's but this process's and the snapshot's
+            // owner is suspect (see `file_matches`).
+            let suspect = |found: &Found| owners && found.uid != node.uid && found.uid != euid;
+            let same = |found: &Found| {
+                file_matches(repo, verify, suspect(found), node, found, parent, name)
+            };
             let decision = self
                 .decide(found, same, older)
                 .map_err(|e| format!("cannot compare with the snapshot: {e}"))?;
@@ -1196,7 +1205,7 @@ fn creation_mode(mode: u32, umask: Option<u32>) -> (u32, Option<u32>) {
 fn file_matches(
     repo: &Repository,
     verify: bool,
-    owners: bool,
+    suspect: bool,
     node: &Node,
     found: &Found,
     dir: &Dir,
@@ -1210,12 +1219,10 @@ fn file_matches(
     }
     // Not taken for the snapshot's file, so that its metadata is never set there: a file
     // with other names the snapshot does not give it (a hard link to a file outside the
-    // target), or, where the restore sets owners, one someone else owns (planted by
-    // whoever can write here, with the right size and mtime, to be made root's and
-    // setuid). Such a file is replaced by a new one.
-    if (found.nlink > 1 && node.links <= 1)
-        || (owners && (found.uid, found.gid) != (node.uid, node.gid))
-    {
+    // target), or a `suspect` one: restoring owners, one that neither this process nor
+    // the snapshot's owner owns (planted by whoever can write here, with the right size
+    // and mtime, to be made root's and setuid). Such a file is replaced by a new one.
+    if (found.nlink > 1 && node.links <= 1) || suspect {
         return Ok(false);
     }
     if !verify {
