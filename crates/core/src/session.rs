@@ -191,7 +191,25 @@ pub fn list(repo: &Repository) -> Result<Vec<SessionView>> {
     list_in(repo.storage().as_ref(), repo.key())
 }
 
+/// Reads every session file listed. A file that vanished between the listing and its
+/// read sends the reader to list again (a session whose reads were slow enough could
+/// otherwise lose every file it had listed, and go unseen); after a few tries it counts
+/// as unreadable, which blocks deletions like any session whose word is unknown.
 fn list_in(storage: &dyn Storage, key: &MasterKey) -> Result<Vec<SessionView>> {
+    for attempt in 1.. {
+        if let Some(views) = list_once(storage, key, attempt < 4)? {
+            return Ok(views);
+        }
+    }
+    unreachable!("the fourth attempt answers")
+}
+
+/// One listing and its reads; `None` when a file vanished and `retry` allows another.
+fn list_once(
+    storage: &dyn Storage,
+    key: &MasterKey,
+    retry: bool,
+) -> Result<Option<Vec<SessionView>>> {
     let mut by_id: BTreeMap<String, (SessionView, u64)> = BTreeMap::new();
     let mut unreadable = Vec::new();
     for (name, time) in storage.list_modified("sessions")? {
@@ -207,7 +225,8 @@ fn list_in(storage: &dyn Storage, key: &MasterKey) -> Result<Vec<SessionView>> {
                     }
                     info
                 }),
-            Err(StorageError::NotFound { .. }) => continue,
+            Err(StorageError::NotFound { .. }) if retry => return Ok(None),
+            Err(StorageError::NotFound { .. }) => None,
             Err(e) => return Err(e.into()),
         };
         let Some(info) = info else {
@@ -238,7 +257,7 @@ fn list_in(storage: &dyn Storage, key: &MasterKey) -> Result<Vec<SessionView>> {
     }
     let mut out: Vec<SessionView> = by_id.into_values().map(|(v, _)| v).collect();
     out.extend(unreadable);
-    Ok(out)
+    Ok(Some(out))
 }
 
 /// The other sessions and how they stand, judged against this session's newest file.
