@@ -254,16 +254,16 @@ fn if_changed_replaces_a_planted_file_instead_of_giving_it_the_snapshots_owner_a
     let target = env.path("home-of-nobody");
     fs::create_dir(&target).unwrap();
     std::os::unix::fs::chown(&target, Some(65534), Some(65534)).unwrap();
+    // Gives `path` the mtime the snapshot has for `name`.
+    let mtime_of = |path: &Path, name: &str| {
+        let mtime = fs::metadata(src.join(name)).unwrap().modified().unwrap();
+        let file = fs::File::options().write(true).open(path).unwrap();
+        file.set_modified(mtime).unwrap();
+    };
     let plant = |name: &str, bytes: &[u8]| {
         let path = target.join(name);
         fs::write(&path, bytes).unwrap();
-        let mtime = fs::metadata(src.join(name)).unwrap().modified().unwrap();
-        fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(mtime)
-            .unwrap();
+        mtime_of(&path, name);
         std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
     };
     plant("suid", b"nobody's program\n");
@@ -276,13 +276,7 @@ fn if_changed_replaces_a_planted_file_instead_of_giving_it_the_snapshots_owner_a
     let outside = env.path("outside-file");
     fs::write(&outside, b"a file of root's\n").unwrap();
     set_mode(&outside, 0o600);
-    let mtime = fs::metadata(src.join("plain")).unwrap().modified().unwrap();
-    fs::File::options()
-        .write(true)
-        .open(&outside)
-        .unwrap()
-        .set_modified(mtime)
-        .unwrap();
+    mtime_of(&outside, "plain");
     fs::hard_link(&outside, target.join("plain")).unwrap();
 
     env.restore(&spec, &target, &["--overwrite", "if-changed"]);
