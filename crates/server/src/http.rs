@@ -464,10 +464,15 @@ async fn read(
         check_name(&name)?;
         let store = state.store(&repo);
         let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+        let (file, size) =
+            tokio::task::block_in_place(|| store.open_object(&name)).map_err(storage_refusal)?;
         let Some(range) = range else {
-            let data =
-                tokio::task::block_in_place(|| store.read(&name)).map_err(storage_refusal)?;
-            return Ok((StatusCode::OK, data).into_response());
+            return Ok((
+                StatusCode::OK,
+                [(header::CONTENT_LENGTH, size.to_string())],
+                stream_file(file, 0, size),
+            )
+                .into_response());
         };
         let (start, end) = parse_range(range).ok_or_else(|| {
             refuse(
@@ -475,21 +480,72 @@ async fn read(
                 format!("expected Range: bytes=START-END, not {range:?}"),
             )
         })?;
-        match tokio::task::block_in_place(|| store.read_range(&name, start, end - start + 1)) {
-            Ok(data) => Ok((
-                StatusCode::PARTIAL_CONTENT,
-                [(header::CONTENT_RANGE, format!("bytes {start}-{end}/*"))],
-                data,
-            )
-                .into_response()),
-            Err(StorageError::Truncated { size, .. }) => Err(refuse(
-                StatusCode::RANGE_NOT_SATISFIABLE,
-                format!("{name} has {size} bytes"),
-            )),
-            Err(e) => Err(storage_refusal(e)),
+        let len = end - start + 1;
+        if end >= size {
+            let e = store.range_past_end(&name, start, len, size);
+            return Err(refuse(StatusCode::RANGE_NOT_SATISFIABLE, e.to_string()));
         }
+        Ok((
+            StatusCode::PARTIAL_CONTENT,
+            [
+                (header::CONTENT_RANGE, format!("bytes {start}-{end}/*")),
+                (header::CONTENT_LENGTH, len.to_string()),
+            ],
+            stream_file(file, start, len),
+        )
+            .into_response())
     })();
     answer(Some(&token), result)
+}
+
+/// Bytes a response holds in memory at once, per piece read from the file.
+const PIECE: usize = 1 << 20;
+
+/// A body of `len` bytes of `file` from `start`, read a piece at a time on a blocking
+/// thread as the client takes them: a response holds a few pieces, not the object (64
+/// connections reading 1 GiB objects whole would have held 64 GiB).
+fn stream_file(file: std::fs::File, start: u64, len: u64) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(2);
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let (mut at, end) = (start, start + len);
+        while at < end {
+            let mut piece = vec![0; PIECE.min((end - at) as usize)];
+            let read = match file.read_at(&mut piece, at) {
+                Ok(0) => Err(std::io::Error::other("the object shrank while it was read")),
+                Ok(n) => {
+                    piece.truncate(n);
+                    at += n as u64;
+                    Ok(bytes::Bytes::from(piece))
+                }
+                Err(e) => Err(e),
+            };
+            let failed = read.is_err();
+            // The client gone, or the read failed (the body then ends in an error).
+            if tx.blocking_send(read).is_err() || failed {
+                return;
+            }
+        }
+    });
+    Body::new(Pieces(rx))
+}
+
+/// The body of [`stream_file`]: pieces as the reading thread sends them.
+struct Pieces(tokio::sync::mpsc::Receiver<std::io::Result<bytes::Bytes>>);
+
+impl http_body::Body for Pieces {
+    type Data = bytes::Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<http_body::Frame<Self::Data>, Self::Error>>>
+    {
+        self.0
+            .poll_recv(cx)
+            .map(|piece| piece.map(|r| r.map(http_body::Frame::data)))
+    }
 }
 
 /// `bytes=START-END`, inclusive, as the client sends it.

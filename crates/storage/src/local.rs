@@ -86,6 +86,23 @@ impl LocalStorage {
         Ok((file, size))
     }
 
+    /// Object `name` open for reading on its own (not shared with other readers), and its
+    /// size: for serving it a piece at a time.
+    pub fn open_object(&self, name: &str) -> Result<(File, u64)> {
+        let path = self.path(name)?;
+        let file = File::open(path).map_err(|err| self.read_error("open", name, err))?;
+        let size = file
+            .metadata()
+            .map_err(|err| self.io_error("read the size of", name, err))?
+            .len();
+        Ok((file, size))
+    }
+
+    /// The error for a range of `name` past its end, as [`Storage::read_range`] gives.
+    pub fn range_past_end(&self, name: &str, offset: u64, len: u64, size: u64) -> StorageError {
+        self.truncated(name, offset, len, size)
+    }
+
     /// The directory holding the store.
     pub fn root(&self) -> &Path {
         &self.root
