@@ -258,7 +258,8 @@ pub fn replace(
     Ok(())
 }
 
-/// Condemns `packs` in a new generation, keeping every pending condemnation. The new
+/// Condemns `packs` in a new generation, keeping every pending condemnation (one of
+/// generation 0 among `packs` is condemned anew). The new
 /// generation is above the trash's and above `floor`, the highest any session has
 /// observed (a trash file deleted by hand must not make generations start again).
 /// Returns the new generation.
@@ -273,17 +274,21 @@ pub fn condemn(repo: &Repository, trash: &mut Trash, packs: &[PackId], floor: u6
         ))
     })?;
     let now = jiff::Timestamp::now();
-    let mut all: Vec<Condemned> = trash.packs.values().copied().collect();
+    let mut all = trash.packs.clone();
     for &id in packs {
-        if !trash.packs.contains_key(&id) {
-            all.push(Condemned {
+        // Generation 0 (found missing) says nothing of who has seen it: anew.
+        if all.get(&id).is_none_or(|c| c.generation == 0) {
+            all.insert(
                 id,
-                generation,
-                condemned_at: now,
-            });
+                Condemned {
+                    id,
+                    generation,
+                    condemned_at: now,
+                },
+            );
         }
     }
-    replace(repo, trash, generation, all)?;
+    replace(repo, trash, generation, all.into_values().collect())?;
     Ok(generation)
 }
 

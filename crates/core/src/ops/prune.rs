@@ -283,12 +283,21 @@ pub fn prune(
         .iter()
         .flat_map(|(_, need)| need.iter().map(|e| e.id))
         .collect();
-    if !newly_condemned.is_empty() {
+    // Packs condemned in generation 0 (a backup found them missing) that are stored after
+    // all (put back by hand, `serve undelete`): a session that read the trash before may
+    // build on them, so they are condemned anew and wait like packs condemned now.
+    let reborn = trash
+        .packs
+        .values()
+        .filter(|c| c.generation == 0 && stored.contains_key(&c.id))
+        .map(|c| c.id);
+    let condemning: Vec<PackId> = newly_condemned.iter().copied().chain(reborn).collect();
+    if !condemning.is_empty() {
         // A prune paused for long may have been taken for crashed, and another may have
         // written the trash since: condemning on this stale view would break the rule
         // that a session knows every condemnation up to the generation it observed.
         fresh(&session)?;
-        trash::condemn(repo, &mut trash, &newly_condemned, floor)?;
+        trash::condemn(repo, &mut trash, &condemning, floor)?;
         repo.condemn(newly_condemned.iter().copied());
         // Adding the packs again moves blob locations to live copies where there are any.
         for (_, file) in &index_files {
