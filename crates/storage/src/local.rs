@@ -63,12 +63,7 @@ impl LocalStorage {
         if let Some(kept) = lock().iter().find(|o| o.name == name) {
             return Ok((Arc::clone(&kept.file), kept.size));
         }
-        let path = self.path(name)?;
-        let file = File::open(path).map_err(|err| self.read_error("open", name, err))?;
-        let size = file
-            .metadata()
-            .map_err(|err| self.io_error("read the size of", name, err))?
-            .len();
+        let (file, size) = self.open_object(name)?;
         let file = Arc::new(file);
         let mut open = lock();
         // Another reader may have kept it meanwhile.
