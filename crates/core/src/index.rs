@@ -520,18 +520,12 @@ impl Index {
         self.packs.is_writer(pack)
     }
 
-    /// Marks the packs of `file` as writers' or the repository's own, as it says; a pack
-    /// that any file a full key sealed counts as its own stays so. Call before adding its
-    /// packs for the preference to apply.
-    pub fn mark_file(&mut self, file: &IndexFile) {
-        self.packs.mark_file(file);
-    }
-
-    /// Adds every pack of `file`, marking its packs first (see [`Self::mark_file`]); a
-    /// pack it lists as a writer's that a full key's file already counts as the
-    /// repository's own keeps the entries it has.
+    /// Adds every pack of `file`, marking its packs first as writers' or the
+    /// repository's own, as it says (a pack that any file a full key sealed counts as its
+    /// own stays so); a pack it lists as a writer's that is the repository's own keeps
+    /// the entries it has.
     pub fn add_file(&mut self, file: &IndexFile) {
-        self.mark_file(file);
+        self.packs.mark_file(file);
         for p in &file.packs {
             if self.packs.writer_speaks_for(file, &p.id) {
                 self.add_pack(p.id, &p.entries);
@@ -791,7 +785,7 @@ impl IndexBuilder {
             .extend(entries.iter().map(|e| Entry::new(e, number)));
     }
 
-    /// Adds every pack of `file`, marking its packs as [`Index::mark_file`] does (before
+    /// Adds every pack of `file`, marking its packs as [`Index::add_file`] does (before
     /// or after adding); what it lists for a pack as a writer's counts only if no file
     /// counts that pack as the repository's own.
     pub fn add_file(&mut self, file: &IndexFile) {

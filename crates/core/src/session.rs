@@ -196,20 +196,20 @@ pub fn list(repo: &Repository) -> Result<Vec<SessionView>> {
 /// otherwise lose every file it had listed, and go unseen); after a few tries it counts
 /// as unreadable, which blocks deletions like any session whose word is unknown.
 fn list_in(storage: &dyn Storage, key: &MasterKey) -> Result<Vec<SessionView>> {
-    for attempt in 1.. {
-        if let Some(views) = list_once(storage, key, attempt < 4)? {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let (views, vanished) = list_once(storage, key)?;
+        if !vanished || attempt == 4 {
             return Ok(views);
         }
     }
-    unreachable!("the fourth attempt answers")
 }
 
-/// One listing and its reads; `None` when a file vanished and `retry` allows another.
-fn list_once(
-    storage: &dyn Storage,
-    key: &MasterKey,
-    retry: bool,
-) -> Result<Option<Vec<SessionView>>> {
+/// One listing and its reads, and whether a listed file vanished (it is among the views
+/// as unreadable).
+fn list_once(storage: &dyn Storage, key: &MasterKey) -> Result<(Vec<SessionView>, bool)> {
+    let mut vanished = false;
     let mut by_id: BTreeMap<String, (SessionView, u64)> = BTreeMap::new();
     let mut unreadable = Vec::new();
     for (name, time) in storage.list_modified("sessions")? {
@@ -225,8 +225,10 @@ fn list_once(
                     }
                     info
                 }),
-            Err(StorageError::NotFound { .. }) if retry => return Ok(None),
-            Err(StorageError::NotFound { .. }) => None,
+            Err(StorageError::NotFound { .. }) => {
+                vanished = true;
+                None
+            }
             Err(e) => return Err(e.into()),
         };
         let Some(info) = info else {
@@ -257,7 +259,7 @@ fn list_once(
     }
     let mut out: Vec<SessionView> = by_id.into_values().map(|(v, _)| v).collect();
     out.extend(unreadable);
-    Ok(Some(out))
+    Ok((out, vanished))
 }
 
 /// The other sessions and how they stand, judged against this session's newest file.

@@ -73,6 +73,8 @@ pub struct Trash {
     pub problems: Vec<Error>,
     /// Storage names of the notices read (see the module's documentation).
     pub notices: Vec<String>,
+    /// The packs those notices name.
+    pub noticed: HashSet<PackId>,
 }
 
 impl Trash {
@@ -118,7 +120,10 @@ pub fn read(repo: &Repository) -> Result<Trash> {
                 // Only prune writes trash, with a full key: a writer's "trash" is a
                 // writer's word (or a thief's), and condemns nothing.
                 Ok(Read::Ignored) => {}
-                Ok(Read::Notice) => trash.notices.push(name),
+                Ok(Read::Notice(packs)) => {
+                    trash.noticed.extend(packs);
+                    trash.notices.push(name);
+                }
                 Ok(Read::Trash(file)) => trash.add(name, file),
                 Err(Error::Storage(cairn_storage::StorageError::NotFound { .. }))
                     if attempt < 4 =>
@@ -138,8 +143,8 @@ pub fn read(repo: &Repository) -> Result<Trash> {
 /// What a file in `trash/` is.
 enum Read {
     Trash(TrashFile),
-    /// A notice for writers (see the module's documentation).
-    Notice,
+    /// A notice for writers (see the module's documentation), and the packs it names.
+    Notice(Vec<PackId>),
     /// Sealed by a writer: nothing.
     Ignored,
 }
@@ -147,8 +152,8 @@ enum Read {
 fn read_file(repo: &Repository, name: &str) -> Result<Read> {
     let bytes = repo.storage().read(name)?;
     repo.check_name(name, &bytes)?;
-    if bytes.starts_with(NOTICE) {
-        return Ok(Read::Notice);
+    if let Some(packs) = parse_notice(&bytes) {
+        return Ok(Read::Notice(packs));
     }
     if repo.key().sealed_by_writer(&bytes) {
         return Ok(Read::Ignored);
@@ -183,23 +188,11 @@ fn parse_notice(bytes: &[u8]) -> Option<Vec<PackId>> {
     )
 }
 
-/// Every pack the notices in `trash/` name: what a write-only key must not build on. A
-/// notice replaced between the listing and its read sends the reader to list again.
+/// Every pack the notices in `trash/` name: what a write-only key must not build on.
+/// It cannot open the trash files themselves: [`read`] counts them as problems, which
+/// tell a writer nothing it could use.
 pub fn noticed(repo: &Repository) -> Result<HashSet<PackId>> {
-    let mut attempt = 0;
-    'list: loop {
-        attempt += 1;
-        let mut packs = HashSet::new();
-        for name in repo.storage().list("trash")? {
-            let bytes = match repo.storage().read(&name) {
-                Ok(bytes) => bytes,
-                Err(cairn_storage::StorageError::NotFound { .. }) if attempt < 4 => continue 'list,
-                Err(e) => return Err(e.into()),
-            };
-            packs.extend(parse_notice(&bytes).unwrap_or_default());
-        }
-        return Ok(packs);
-    }
+    Ok(read(repo)?.noticed)
 }
 
 /// Writes a trash file; returns its storage name.

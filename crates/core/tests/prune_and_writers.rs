@@ -12,7 +12,6 @@ use cairn_core::keys::{self, Secret};
 use cairn_core::monitor::{Monitor, NullMonitor};
 use cairn_core::ops::backup::{backup, BackupOptions};
 use cairn_core::ops::prune::{prune, PruneOptions};
-use cairn_core::ops::restore::{restore, RestoreOptions};
 use cairn_core::storage::LocalStorage;
 use cairn_core::writer_cache::WriterCache;
 use cairn_core::Repository;
@@ -96,13 +95,7 @@ fn a_writers_backup_that_starts_while_prune_deletes_does_not_build_on_a_condemne
     let ids = owner.snapshot_ids().unwrap();
     assert_eq!(ids.len(), 1);
     let snap = owner.load_snapshot(&ids[0]).unwrap();
-    let target = tempfile::tempdir().unwrap();
-    let opts = RestoreOptions {
-        target: target.path().join("t"),
-        ..RestoreOptions::default()
-    };
-    let stats = restore(&owner, &snap, &opts, &NullMonitor).unwrap();
-    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    let target = common::restore_whole(&owner, &snap);
     let restored = walk_files(target.path());
     assert_eq!(restored, vec![bytes]);
 }

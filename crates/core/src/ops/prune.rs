@@ -395,15 +395,15 @@ pub fn prune(
     // that copy must be whole. Index files are anyone's who can write (a thief with a
     // writer's key and an append-only token can add one that lists a pack as empty).
     let leaving: HashSet<PackId> = deletable.iter().chain(&gone).copied().collect();
-    let mut checked = Checked::default();
+    // Blobs whose copy in a pack that stays was read and found whole.
+    let mut whole = HashSet::new();
     let mut kept = Vec::new();
     for pack in &deletable {
         if !stored.contains_key(pack) {
             continue;
         }
         let listed = packs.get(pack).map_or(&[][..], Vec::as_slice);
-        if let Some(why) = still_needed(repo, pack, listed, &used, &leaving, &copied, &mut checked)?
-        {
+        if let Some(why) = still_needed(repo, pack, listed, &used, &leaving, &copied, &mut whole)? {
             let path = std::path::PathBuf::from(pack.storage_name());
             monitor.problem(&path, &format!("kept: {why}"));
             kept.push(*pack);
@@ -602,15 +602,10 @@ fn is_not_found(e: &Error) -> bool {
     )
 }
 
-/// Blobs whose copy outside the packs leaving was read and found whole.
-#[derive(Default)]
-struct Checked {
-    whole: HashSet<BlobId>,
-}
-
 /// Why `pack`, about to be deleted, must stay: a blob its own header lists is one some
 /// snapshot needs, whole in it, and no other pack that stays holds it whole (`copied`
-/// were copied by this run and need no second look). `None` if it may go. Where the
+/// were copied by this run, `checked` found whole before: neither needs a second look).
+/// `None` if it may go. Where the
 /// header cannot be read (a damaged pack `repair index` condemned), what the index
 /// files `listed` there stands in for it.
 fn still_needed(
@@ -620,7 +615,7 @@ fn still_needed(
     used: &Used,
     leaving: &HashSet<PackId>,
     copied: &HashSet<BlobId>,
-    checked: &mut Checked,
+    checked: &mut HashSet<BlobId>,
 ) -> Result<Option<String>> {
     let entries = match repo.read_pack_header(pack) {
         Ok(entries) => entries,
@@ -629,7 +624,7 @@ fn still_needed(
         Err(_) => listed.to_vec(),
     };
     for e in entries.iter().filter(|e| used.contains(&e.id)) {
-        if copied.contains(&e.id) || checked.whole.contains(&e.id) {
+        if copied.contains(&e.id) || checked.contains(&e.id) {
             continue;
         }
         let elsewhere = repo
@@ -656,7 +651,7 @@ fn still_needed(
             )));
         }
         if whole {
-            checked.whole.insert(e.id);
+            checked.insert(e.id);
         }
     }
     Ok(None)

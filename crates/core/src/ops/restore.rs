@@ -471,9 +471,6 @@ impl Restorer<'_> {
         Ok(())
     }
 
-    /// Warns (once) when root works in a directory that another user owns: that user
-    /// can race the restore. Nothing escapes the target whatever they do, but what lands
-    /// inside it is theirs to move around.
     /// Warns when root restores through a target that is another user's symlink: its own
     /// name is followed, so that user chose where the restore writes.
     fn check_target_link(&mut self) {
@@ -493,6 +490,9 @@ impl Restorer<'_> {
         }
     }
 
+    /// Warns (once) when root works in a directory that another user owns: that user
+    /// can race the restore. Nothing escapes the target whatever they do, but what lands
+    /// inside it is theirs to move around.
     fn check_owner(&mut self, dir: &Dir) {
         if self.euid == 0 && dir.uid != 0 && self.stats.warnings.is_empty() {
             self.stats.warnings.push(format!(

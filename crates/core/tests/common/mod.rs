@@ -64,3 +64,17 @@ pub fn snapshot(tree: BlobId) -> Snapshot {
         summary: SnapshotSummary::default(),
     }
 }
+
+/// Restores `snap` into a new directory, which it returns; every file must be restored.
+pub fn restore_whole(repo: &Repository, snap: &Snapshot) -> tempfile::TempDir {
+    let target = tempfile::tempdir().unwrap();
+    let opts = cairn_core::ops::restore::RestoreOptions {
+        target: target.path().to_path_buf(),
+        ..Default::default()
+    };
+    let stats =
+        cairn_core::ops::restore::restore(repo, snap, &opts, &cairn_core::monitor::NullMonitor)
+            .unwrap();
+    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    target
+}
