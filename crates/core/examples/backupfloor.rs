@@ -1,0 +1,168 @@
+//! The floor under a first backup on one disk: read every file of SOURCE and, at the same
+//! time, write BYTES of incompressible data durably under TARGET (which must not exist),
+//! doing nothing else. Any backup tool reads the whole tree and writes at least its
+//! repository; when both share one device, neither can go faster than this. Prints the
+//! wall and CPU time of the whole, and of the read and the write alone as they ran.
+//!
+//! The reads take every core, each file read whole through one 1 MiB buffer. The write is
+//! the cheapest durable one: a single file, 1 MiB at a time, its writeback started as each
+//! MiB is written (as cairn's packs are), one `fsync` at the end and one of TARGET. No
+//! chunking, hashing, compression or encryption.
+//!
+//! `bench/compare.sh` runs it with the page cache dropped and BYTES the smallest
+//! repository of the first backups: with a corpus that does not compress, the disk alone
+//! can put the fastest other tool's first backup within reach of this floor, and then
+//! half that tool's time is out of every tool's reach.
+//!
+//! usage: cargo run --release -p cairn-core --example backupfloor -- SOURCE TARGET BYTES
+
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const PIECE: usize = 1 << 20;
+
+/// Every regular file under `root`.
+fn files(root: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let (mut out, mut todo) = (Vec::new(), vec![root.to_path_buf()]);
+    while let Some(dir) = todo.pop() {
+        for entry in fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                todo.push(entry.path());
+            } else if kind.is_file() {
+                out.push(entry.path());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let usage = unsafe {
+        let mut usage = std::mem::zeroed::<libc::rusage>();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// Reads the files `next` hands out, whole, until none is left; the bytes read.
+fn read_all(next: &Mutex<std::vec::IntoIter<PathBuf>>) -> std::io::Result<u64> {
+    let (mut buf, mut total) = (vec![0u8; PIECE], 0u64);
+    loop {
+        let Some(path) = next.lock().ok().and_then(|mut it| it.next()) else {
+            return Ok(total);
+        };
+        let mut file = File::open(&path)?;
+        loop {
+            match file.read(&mut buf)? {
+                0 => break,
+                n => total += n as u64,
+            }
+        }
+    }
+}
+
+/// Writes `bytes` of `piece` over and over to a new file in `dir`, durably.
+fn write_durably(dir: &Path, bytes: u64, piece: &[u8]) -> std::io::Result<()> {
+    fs::create_dir(dir)?;
+    let mut file = File::create_new(dir.join("floor"))?;
+    let (mut done, fd) = (0u64, file.as_raw_fd());
+    while done < bytes {
+        let n = (bytes - done).min(piece.len() as u64) as usize;
+        file.write_all(&piece[..n])?;
+        // SAFETY: sync_file_range on a descriptor `file` owns, with integer arguments only.
+        unsafe {
+            libc::sync_file_range(fd, done as i64, n as i64, libc::SYNC_FILE_RANGE_WRITE);
+        }
+        done += n as u64;
+    }
+    file.sync_all()?;
+    File::open(dir)?.sync_all()
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [source, target, bytes] = args.as_slice() else {
+        eprintln!("usage: backupfloor SOURCE TARGET BYTES");
+        return ExitCode::from(2);
+    };
+    let Ok(bytes) = bytes.parse::<u64>() else {
+        eprintln!("backupfloor: BYTES must be a number of bytes, not {bytes:?}");
+        return ExitCode::from(2);
+    };
+    // Incompressible, in case the device compresses: xorshift, fixed seed.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let piece: Vec<u8> = (0..PIECE / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect();
+
+    let (started, cpu) = (Instant::now(), cpu_time());
+    let list = match files(Path::new(source)) {
+        Ok(list) => list,
+        Err(err) => {
+            eprintln!("backupfloor: listing {source}: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let count = list.len();
+    let next = Mutex::new(list.into_iter());
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let (read, wrote) = std::thread::scope(|s| {
+        let writer = s.spawn(|| {
+            let r = write_durably(Path::new(target), bytes, &piece);
+            (r, started.elapsed())
+        });
+        let readers: Vec<_> = (0..threads).map(|_| s.spawn(|| read_all(&next))).collect();
+        let read: std::io::Result<u64> = readers
+            .into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("panicked")))
+            })
+            .sum();
+        let read_time = started.elapsed();
+        let wrote = writer
+            .join()
+            .unwrap_or_else(|_| (Err(std::io::Error::other("panicked")), Duration::ZERO));
+        (read.map(|n| (n, read_time)), wrote)
+    });
+    let (wall, cpu) = (started.elapsed(), cpu_time() - cpu);
+    let (read_bytes, read_time) = match read {
+        Ok(r) => r,
+        Err(err) => {
+            eprintln!("backupfloor: reading {source}: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let write_time = match wrote {
+        (Ok(()), t) => t,
+        (Err(err), _) => {
+            eprintln!("backupfloor: writing under {target}: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "{:.2} {:.2} read {read_bytes} bytes in {count} files in {:.2} s, wrote {bytes} bytes durably in {:.2} s",
+        wall.as_secs_f64(),
+        cpu.as_secs_f64(),
+        read_time.as_secs_f64(),
+        write_time.as_secs_f64(),
+    );
+    ExitCode::SUCCESS
+}
