@@ -271,13 +271,26 @@ impl Packs {
         (self.is_live(e), e.pack_number())
     }
 
-    /// Sorts `entries` by id and keeps each id's highest-ranked entry.
-    fn sort_and_keep_preferred(&self, entries: &mut Vec<Entry>) {
-        entries.sort_unstable_by(|a, b| {
-            a.id.cmp(&b.id)
-                .then_with(|| self.rank(b).cmp(&self.rank(a)))
+    /// Sorts `entries` by id and keeps each id's highest-ranked entry; returns the other
+    /// locations, sorted as [`Index::spares`] keeps them.
+    fn sort_and_keep_preferred(&self, entries: &mut Vec<Entry>) -> Vec<Entry> {
+        entries.sort_unstable_by(|a, b| self.order(a, b));
+        let mut spares = Vec::new();
+        entries.dedup_by(|later, kept| {
+            let same = later.id == kept.id;
+            if same && !at_same_place(later, kept) {
+                spares.push(*later);
+            }
+            same
         });
-        entries.dedup_by(|later, kept| later.id == kept.id);
+        spares.dedup_by(|later, kept| at_same_place(later, kept));
+        spares
+    }
+
+    /// By id, then highest-ranked first.
+    fn order(&self, a: &Entry, b: &Entry) -> std::cmp::Ordering {
+        a.id.cmp(&b.id)
+            .then_with(|| self.rank(b).cmp(&self.rank(a)))
     }
 
     fn location(&self, e: &Entry) -> BlobLocation {
@@ -289,6 +302,11 @@ impl Packs {
             raw_length: e.raw_length,
         }
     }
+}
+
+/// Whether two entries name the same bytes: one id at one place of one pack.
+fn at_same_place(a: &Entry, b: &Entry) -> bool {
+    a.id == b.id && a.pack == b.pack && a.offset == b.offset && a.length == b.length
 }
 
 /// Entries sorted by id, each id once, and where each run of ids sharing their first
@@ -409,14 +427,33 @@ pub struct Index {
     main: Table,
     /// Blobs added since the last merge into `main`; no id is in both.
     recent: Table,
+    /// Other places that index files or packs added give for blobs located elsewhere, by
+    /// id and then rank: readers try them when the blob's place cannot be read or is
+    /// damaged (a pack lost or rotten where a concurrent backup or a repack stored the
+    /// blob again). Usually empty: copies of one blob in two packs are rare, and an entry
+    /// that index files repeat is kept once.
+    spares: Vec<Entry>,
 }
 
 impl Index {
     pub fn add_pack(&mut self, pack: PackId, entries: &[PackEntry]) {
         let number = self.packs.number(pack);
         let mut new: Vec<Entry> = entries.iter().map(|e| Entry::new(e, number)).collect();
-        self.packs.sort_and_keep_preferred(&mut new);
+        let spares = self.packs.sort_and_keep_preferred(&mut new);
+        self.add_spares(spares);
         self.insert(new);
+    }
+
+    /// Keeps `more` among the spare places, each place once.
+    fn add_spares(&mut self, more: Vec<Entry>) {
+        if more.is_empty() {
+            return;
+        }
+        self.spares.extend(more);
+        let packs = &self.packs;
+        self.spares.sort_unstable_by(|a, b| packs.order(a, b));
+        self.spares
+            .dedup_by(|later, kept| at_same_place(later, kept));
     }
 
     /// Adds every blob `other` locates, each as [`add_pack`](Self::add_pack) would add
@@ -429,6 +466,7 @@ impl Index {
             packs: theirs,
             main,
             recent,
+            spares,
         } = other;
         // Their pack numbers, as this index numbers the same packs.
         let numbers: Vec<u32> = theirs
@@ -454,6 +492,14 @@ impl Index {
                 self.insert(slice);
             }
         }
+        let spares = spares
+            .into_iter()
+            .map(|mut e| {
+                e.pack = numbers[e.pack_number() as usize] | (e.pack & TREE);
+                e
+            })
+            .collect();
+        self.add_spares(spares);
     }
 
     /// Adds `new`, sorted by id with each id once: an id the index has keeps the
@@ -463,7 +509,9 @@ impl Index {
             packs,
             main,
             recent,
+            ..
         } = self;
+        let mut spares = Vec::new();
         new.retain(|e| {
             let old = if let Some(i) = recent.find(&e.id) {
                 &mut recent.entries[i]
@@ -472,11 +520,18 @@ impl Index {
             } else {
                 return true;
             };
-            if packs.rank(e) >= packs.rank(old) {
-                *old = *e;
+            if !at_same_place(e, old) {
+                let (kept, spare) = match packs.rank(e) >= packs.rank(old) {
+                    true => (*e, *old),
+                    false => (*old, *e),
+                };
+                *old = kept;
+                spares.push(spare);
             }
             false
         });
+        self.add_spares(spares);
+        let Index { main, recent, .. } = self;
         if new.is_empty() {
             return;
         }
@@ -560,6 +615,20 @@ impl Index {
 
     pub fn get(&self, id: &BlobId) -> Option<BlobLocation> {
         self.entry(id).map(|e| self.packs.location(e))
+    }
+
+    /// The blob's other places, besides [`get`](Self::get)'s, strongest first: where to
+    /// read it when that one fails.
+    pub fn other_places(&self, id: &BlobId) -> impl Iterator<Item = BlobLocation> + '_ {
+        let preferred = self.entry(id).copied();
+        let (id, start) = (*id, self.spares.partition_point(|e| e.id < *id));
+        self.spares[start..]
+            .iter()
+            .take_while(move |e| e.id == id)
+            // A spare place can become the preferred one again (its pack added again
+            // after the other was condemned).
+            .filter(move |e| !preferred.is_some_and(|p| at_same_place(e, &p)))
+            .map(|e| self.packs.location(e))
     }
 
     pub fn contains(&self, id: &BlobId) -> bool {
@@ -813,12 +882,13 @@ impl IndexBuilder {
                 .into_iter()
                 .filter(|e| !packs.own[e.pack_number() as usize]),
         );
-        packs.sort_and_keep_preferred(&mut entries);
+        let spares = packs.sort_and_keep_preferred(&mut entries);
         entries.shrink_to_fit();
         Index {
             packs,
             main: Table::from_sorted(entries),
             recent: Table::default(),
+            spares,
         }
     }
 }
@@ -918,6 +988,8 @@ mod tests {
         order: Vec<PackId>,
         condemned: HashSet<PackId>,
         blobs: HashMap<BlobId, BlobLocation>,
+        /// Every pack each blob was added in.
+        places: HashMap<BlobId, HashSet<PackId>>,
     }
 
     impl Model {
@@ -940,6 +1012,7 @@ mod tests {
         fn add_pack(&mut self, pack: PackId, entries: &[PackEntry]) {
             self.learn(pack);
             for e in entries {
+                self.places.entry(e.id).or_default().insert(pack);
                 let keep_old = self
                     .blobs
                     .get(&e.id)
@@ -994,6 +1067,15 @@ mod tests {
             assert_eq!(index.contains(&id), want.is_some());
             let live = want.is_some_and(|l| !model.condemned.contains(&l.pack));
             assert_eq!(index.contains_live(&id), live, "blob {b}");
+            // Its other places: every other pack it was added in, each once.
+            let mut places: Vec<PackId> = index.other_places(&id).map(|l| l.pack).collect();
+            places.extend(want.map(|l| l.pack));
+            let distinct: HashSet<PackId> = places.iter().copied().collect();
+            assert_eq!(distinct.len(), places.len(), "blob {b}: {places:?}");
+            assert_eq!(
+                Some(&distinct).filter(|d| !d.is_empty()),
+                model.places.get(&id)
+            );
         }
         for p in 0..6 {
             let pack = PackId([p; 32]);
@@ -1119,6 +1201,9 @@ mod tests {
                 if other_model.condemned.contains(pack) {
                     model.condemned.insert(*pack);
                 }
+            }
+            for (id, packs) in &other_model.places {
+                model.places.entry(*id).or_default().extend(packs);
             }
             for (id, l) in &other_model.blobs {
                 let e = PackEntry {

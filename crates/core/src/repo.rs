@@ -501,13 +501,34 @@ impl Repository {
         }
     }
 
-    /// The blob as stored (sealed) and its verified plaintext.
+    /// The blob as stored (sealed) and its verified plaintext: from its place in the
+    /// index or, if that cannot be read or is damaged, from another place the index
+    /// files give (the error is the first place's).
     fn read_sealed_blob(&self, id: &BlobId) -> Result<(Vec<u8>, Vec<u8>)> {
         let loc = self
             .index
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
-        let sealed = match self.read_through_window(&loc) {
+        let first = self.read_sealed_at(id, &loc);
+        if first.is_ok() {
+            return first;
+        }
+        (self.index.other_places(id))
+            .find_map(|other| self.read_sealed_at(id, &other).ok())
+            .map_or(first, Ok)
+    }
+
+    /// The verified plaintext of blob `id` from a place other than its place in the
+    /// index, for a reader whose read of that place failed; `None` where there is none,
+    /// or none is whole.
+    pub(crate) fn read_blob_elsewhere(&self, id: &BlobId) -> Option<Vec<u8>> {
+        (self.index.other_places(id))
+            .find_map(|other| self.read_sealed_at(id, &other).ok())
+            .map(|(_, plain)| plain)
+    }
+
+    fn read_sealed_at(&self, id: &BlobId, loc: &BlobLocation) -> Result<(Vec<u8>, Vec<u8>)> {
+        let sealed = match self.read_through_window(loc) {
             Some(sealed) => sealed,
             None => self.storage.read_range(
                 &loc.pack.storage_name(),
@@ -515,7 +536,7 @@ impl Repository {
                 loc.length as u64,
             )?,
         };
-        let plain = self.open_blob(id, &loc, &sealed)?;
+        let plain = self.open_blob(id, loc, &sealed)?;
         Ok((sealed, plain))
     }
 

@@ -427,7 +427,7 @@ impl Batch<'_> {
             }
             Err(e) => {
                 let e = crate::error::Error::from(e);
-                self.write_blob(first, Err(&not_restored(&e)));
+                self.write_from_elsewhere(first, &not_restored(&e));
                 return;
             }
         }
@@ -444,7 +444,19 @@ impl Batch<'_> {
                     Some(&mut buffers.plain),
                 )
                 .map_err(|e| not_restored(&e));
-            self.write_blob(blob, plain.as_deref().map_err(String::as_str));
+            match plain {
+                Ok(plain) => self.write_blob(blob, Ok(&plain)),
+                Err(e) => self.write_from_elsewhere(blob, &e),
+            }
+        }
+    }
+
+    /// Writes a blob whose place in the index failed (`error`) from another place that
+    /// holds it, if one does and it is whole; else the failure.
+    fn write_from_elsewhere(&self, blob: &BlobPlan, error: &str) {
+        match self.repo.read_blob_elsewhere(&blob.id) {
+            Some(plain) => self.write_blob(blob, Ok(&plain)),
+            None => self.write_blob(blob, Err(error)),
         }
     }
 

@@ -1,0 +1,108 @@
+//! A blob stored in two packs (two backups that ran at once, or a repack that a prune
+//! left half done) is read from the other pack when the one the index prefers is gone or
+//! damaged: restore and every reader take the copy that is whole.
+
+mod common;
+
+use std::sync::Arc;
+
+use cairn_core::id::BlobId;
+use cairn_core::pack::BlobKind;
+use cairn_core::snapshot::Snapshot;
+use cairn_core::storage::LocalStorage;
+use cairn_core::tree::{ContentRef, NodeKind, Tree};
+use cairn_core::Repository;
+use common::{node, restore_whole, snapshot};
+
+/// Stores `data` as the one file `f` of a tree, as a backup would; returns the snapshot.
+fn back_up(repo: &mut Repository, data: &[u8]) -> (BlobId, Snapshot) {
+    let writer = repo.blob_writer();
+    let (blob, _) = writer.add(BlobKind::Data, data).unwrap();
+    let file = NodeKind::File {
+        size: data.len() as u64,
+        content: vec![ContentRef {
+            blob,
+            offset: 0,
+            len: data.len() as u32,
+        }],
+    };
+    let tree = Tree {
+        nodes: vec![node(b"f", file)],
+    };
+    let (tree, _) = writer.add(BlobKind::Tree, &tree.to_bytes()).unwrap();
+    let mut report = writer.finish().unwrap();
+    repo.index_written(&mut report).unwrap();
+    (blob, snapshot(tree))
+}
+
+/// A repository where two backups, each opened before the other wrote its index, stored
+/// the same file: its blob is in two packs. Returns it opened afresh, the blob, the
+/// snapshot and the data.
+fn stored_twice(dir: &std::path::Path) -> (Repository, BlobId, Snapshot, Vec<u8>) {
+    let data: Vec<u8> = (0..300_000u32)
+        .flat_map(|i| (i * 7919).to_le_bytes())
+        .collect();
+    let open = || Repository::open(Arc::new(LocalStorage::new(dir)), b"pw".as_slice()).unwrap();
+    let mut first = common::repo(dir, None);
+    let mut second = open();
+    let (blob, snap) = back_up(&mut first, &data);
+    let (again, _) = back_up(&mut second, &data);
+    assert_eq!(blob, again);
+    let repo = open();
+    let places = repo.index().other_places(&blob).count();
+    assert_eq!(places, 1, "the blob is in two packs");
+    (repo, blob, snap, data)
+}
+
+fn pack_path(dir: &std::path::Path, repo: &Repository, blob: &BlobId) -> std::path::PathBuf {
+    let pack = repo.index().get(blob).unwrap().pack;
+    dir.join(pack.storage_name())
+}
+
+#[test]
+fn a_blob_whose_pack_is_gone_is_read_from_its_other_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, blob, snap, data) = stored_twice(dir.path());
+    std::fs::remove_file(pack_path(dir.path(), &repo, &blob)).unwrap();
+
+    let target = restore_whole(&repo, &snap);
+    assert_eq!(std::fs::read(target.path().join("f")).unwrap(), data);
+    assert_eq!(repo.read_blob(&blob).unwrap(), data);
+}
+
+#[test]
+fn a_blob_damaged_in_its_pack_is_read_from_its_other_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, blob, snap, data) = stored_twice(dir.path());
+    let loc = repo.index().get(&blob).unwrap();
+    let path = pack_path(dir.path(), &repo, &blob);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[loc.offset as usize + loc.length as usize / 2] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+
+    let target = restore_whole(&repo, &snap);
+    assert_eq!(std::fs::read(target.path().join("f")).unwrap(), data);
+    assert_eq!(repo.read_blob(&blob).unwrap(), data);
+}
+
+#[test]
+fn with_both_copies_gone_the_restore_names_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, blob, snap, _) = stored_twice(dir.path());
+    let other = repo.index().other_places(&blob).next().unwrap();
+    let first = repo.index().get(&blob).unwrap().pack;
+    std::fs::remove_file(pack_path(dir.path(), &repo, &blob)).unwrap();
+    std::fs::remove_file(dir.path().join(other.pack.storage_name())).unwrap();
+
+    assert!(repo.read_blob(&blob).is_err());
+    let target = tempfile::tempdir().unwrap();
+    let opts = cairn_core::ops::restore::RestoreOptions {
+        target: target.path().to_path_buf(),
+        ..Default::default()
+    };
+    let monitor = cairn_core::monitor::NullMonitor;
+    let stats = cairn_core::ops::restore::restore(&repo, &snap, &opts, &monitor).unwrap();
+    let errors = format!("{:?}", stats.errors);
+    assert!(errors.contains(&first.to_string()), "{errors}");
+    assert!(!target.path().join("f").exists());
+}
