@@ -18,6 +18,32 @@ impl Sim {
                 self.start_session(a, SessionKind::Backup);
                 self.backup(a).step = BStep::ReadTrash;
             }
+            // `Repository::load_writer_index`: its memory, less the packs not stored and
+            // those the notices name.
+            BStep::ReadTrash if self.backup_ref(a).writer => {
+                let stored: HashSet<u64> = (self.st.packs.list(from, self.st.now, &mut self.rng))
+                    .into_iter()
+                    .map(|(p, _)| p)
+                    .collect();
+                let from = self.st.now;
+                let noticed = match self.rules.notices {
+                    true => self.read_trash(from).noticed,
+                    false => HashSet::new(),
+                };
+                let host = self.actors[a].host;
+                let memory: Vec<(u64, Vec<u32>)> = self.writer_memory[host]
+                    .iter()
+                    .filter(|(p, _)| stored.contains(p) && !noticed.contains(p))
+                    .map(|(p, blobs)| (*p, blobs.clone()))
+                    .collect();
+                let b = self.backup(a);
+                b.attempt += 1;
+                b.index = Idx::default();
+                for (p, blobs) in &memory {
+                    b.index.add_pack(*p, blobs);
+                }
+                b.step = BStep::Observe;
+            }
             // `Repository::load_index`: the trash, then the index files.
             BStep::ReadTrash => {
                 let trash = self.read_trash(from);
@@ -56,7 +82,12 @@ impl Sim {
                 }
             }
             BStep::Observe => {
-                let observed = self.backup(a).trash.observed();
+                // A writer's word on what it observed counts for nothing (`session::list`).
+                let b = self.backup(a);
+                let observed = match b.writer {
+                    true => None,
+                    false => b.trash.observed(),
+                };
                 self.actors[a]
                     .sess
                     .as_mut()
@@ -65,6 +96,10 @@ impl Sim {
                     .observed = observed;
                 self.beat(a);
                 self.backup(a).step = BStep::Adopt;
+            }
+            // A writer can neither judge sessions nor read packs' headers.
+            BStep::Adopt if self.backup_ref(a).writer => {
+                self.backup(a).step = BStep::Plan;
             }
             // `adopt_after_ended_sessions`.
             BStep::Adopt => {
@@ -188,6 +223,18 @@ impl Sim {
                 b.step = BStep::Finish;
             }
             BStep::Finish => {
+                if self.backup_ref(a).writer {
+                    // `remember_as_writer`: every pack its index names, its own and earlier.
+                    let b = self.backup_ref(a);
+                    let mut memory: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+                    for (blob, packs) in &b.index.holders {
+                        for p in packs {
+                            memory.entry(*p).or_default().push(*blob);
+                        }
+                    }
+                    let host = self.actors[a].host;
+                    self.writer_memory[host] = memory;
+                }
                 self.finish_session(a);
                 let snap = self.backup(a).snapshot.expect("a snapshot");
                 self.committed.push((a, snap));
@@ -213,6 +260,9 @@ impl Sim {
         let lost = self.lost(a);
         if lost && self.rules.heartbeat {
             self.beat(a);
+        }
+        if self.backup_ref(a).writer {
+            return self.check_as_writer(a, lost);
         }
         // Read by every session: a condemnation in a generation it observed may go at once.
         let trash = self.read_trash(self.st.now);
@@ -244,6 +294,31 @@ impl Sim {
         let bad: Vec<u64> = bad.iter().map(pack_of).collect();
         if !bad.is_empty() {
             self.log(|| format!("actor {a}: commit check: unsafe packs {bad:x?}"));
+        }
+        bad
+    }
+
+    /// `commit::check_as_writer`: a lost writer cannot tell what prunes condemned
+    /// meanwhile, so everything it relies on is unsafe; otherwise what is not stored.
+    fn check_as_writer(&mut self, a: usize, lost: bool) -> Vec<u64> {
+        let b = self.backup_ref(a);
+        let relied: Vec<u64> = b
+            .reused
+            .iter()
+            .chain(b.stored.iter().map(|(p, _)| p))
+            .copied()
+            .collect();
+        let now = self.st.now;
+        let stored: HashSet<u64> = (self.st.packs.list(now, now, &mut self.rng))
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        let bad: Vec<u64> = relied
+            .into_iter()
+            .filter(|p| lost || !stored.contains(p))
+            .collect();
+        if !bad.is_empty() {
+            self.log(|| format!("actor {a}: writer's commit check: unsafe packs {bad:x?}"));
         }
         bad
     }

@@ -66,6 +66,9 @@ pub(super) struct TrashFile {
     pub(super) generation: u64,
     /// Pack → the generation that condemned it.
     pub(super) packs: Vec<(u64, u64)>,
+    /// A notice for writers (`trash::notice_bytes`): the packs, in plaintext, that the
+    /// trash file written after it condemns. Full keys pass over it.
+    pub(super) notice: bool,
 }
 
 pub(super) type IndexFile = Vec<(u64, Vec<u32>)>;
@@ -204,6 +207,9 @@ pub(super) struct Trash {
     pub(super) packs: HashMap<u64, u64>,
     pub(super) generation: u64,
     pub(super) problems: bool,
+    /// The notices read, and the packs they name: all a writer can read of the trash.
+    pub(super) notices: Vec<u64>,
+    pub(super) noticed: HashSet<u64>,
 }
 
 impl Trash {
