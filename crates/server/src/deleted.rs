@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::access::{create_private_dirs, STATE_DIR};
+use crate::state::charged;
 use crate::{Error, Result};
 
 pub fn deleted_root(dir: &Path, repo: &str) -> PathBuf {
@@ -81,7 +82,8 @@ pub(crate) fn held_files(dir: &Path, repo: &str) -> Result<Vec<(PathBuf, Held)>>
     Ok(out)
 }
 
-/// Frees the batches of `repo` older than `delay`; returns the bytes freed.
+/// Frees the batches of `repo` older than `delay`; returns what they counted for against
+/// its quota ([`charged`]).
 pub fn expire(dir: &Path, repo: &str, delay: Duration, now: u64) -> Result<u64> {
     let mut freed = 0;
     for (batch, deleted_at) in batches(dir, repo)? {
@@ -91,7 +93,7 @@ pub fn expire(dir: &Path, repo: &str, delay: Duration, now: u64) -> Result<u64> 
         let mut files = Vec::new();
         walk(&batch, "", &mut files)?;
         fs::remove_dir_all(&batch).map_err(|e| Error::io("free", &batch, e))?;
-        freed += files.iter().map(|(_, size)| size).sum::<u64>();
+        freed += files.iter().map(|(_, size)| charged(*size)).sum::<u64>();
     }
     Ok(freed)
 }
@@ -130,9 +132,9 @@ pub fn undelete(dir: &Path, repo: &str) -> Result<UndeleteReport> {
     Ok(report)
 }
 
-/// Total bytes held for `repo`.
+/// What the objects held for `repo` count for against its quota ([`charged`]).
 pub fn held_bytes(dir: &Path, repo: &str) -> Result<u64> {
-    Ok(list(dir, repo)?.iter().map(|h| h.size).sum())
+    Ok(list(dir, repo)?.iter().map(|h| charged(h.size)).sum())
 }
 
 /// Batch directories of `repo` with their deletion second, oldest first.
@@ -209,7 +211,8 @@ mod tests {
         fs::write(dir.join("r/index/a"), b"12345").unwrap();
         assert_eq!(hold(dir, "r", "index/a", 1000).unwrap(), 5);
         assert!(!dir.join("r/index/a").exists());
-        assert_eq!(held_bytes(dir, "r").unwrap(), 5);
+        // As quotas count it: a block at least.
+        assert_eq!(held_bytes(dir, "r").unwrap(), charged(5));
         // Not yet due.
         assert_eq!(expire(dir, "r", Duration::from_secs(60), 1059).unwrap(), 0);
         let report = undelete(dir, "r").unwrap();
@@ -218,7 +221,10 @@ mod tests {
         assert!(list(dir, "r").unwrap().is_empty());
 
         hold(dir, "r", "index/a", 2000).unwrap();
-        assert_eq!(expire(dir, "r", Duration::from_secs(60), 2060).unwrap(), 5);
+        assert_eq!(
+            expire(dir, "r", Duration::from_secs(60), 2060).unwrap(),
+            charged(5)
+        );
         assert!(list(dir, "r").unwrap().is_empty());
         assert!(undelete(dir, "r").unwrap().restored.is_empty());
     }

@@ -146,6 +146,7 @@ async fn run(options: ServeOptions, ready: impl FnOnce(Listening)) -> Result<()>
     let (listener, listening, acceptor) = bind(&options).await?;
     let idle = options.idle_timeout;
     let connections = Arc::new(Semaphore::new(options.max_connections.max(1)));
+    let peers = Arc::new(PeerSlots::new(options.max_connections));
     let state = Arc::new(State::new(options)?);
     // Once before the first request, so that what is due is freed when `ready` is told.
     tokio::task::block_in_place(|| sweep(&state));
@@ -162,20 +163,78 @@ async fn run(options: ServeOptions, ready: impl FnOnce(Listening)) -> Result<()>
         let (app, acceptor) = (app.clone(), acceptor.clone());
         let accepted = match &listener {
             Listener::Tcp(l) => l.accept().await.map(|(stream, peer)| {
+                let Some(slot) = peers.take(peer.ip()) else {
+                    // Closed at once, and its permit is free again.
+                    log_event(
+                        "connection_refused",
+                        &format!("{peer}: its address holds {} connections", peers.cap),
+                    );
+                    return;
+                };
                 tokio::spawn(async move {
                     connection(stream, peer.to_string(), acceptor, app, idle).await;
-                    drop(permit);
-                })
+                    drop((slot, permit));
+                });
             }),
             Listener::Unix(l) => l.accept().await.map(|(stream, _)| {
                 tokio::spawn(async move {
                     connection(stream, "unix".to_string(), acceptor, app, idle).await;
                     drop(permit);
-                })
+                });
             }),
         };
         if let Err(e) = accepted {
             log_event("accept_failed", &e.to_string());
+        }
+    }
+}
+
+/// Connections held per client address. One address may hold at most half of all
+/// connections: a single host, with a token or without, cannot take every connection (a
+/// connection that sends nothing holds one for the idle timeout) and leave the others
+/// waiting. cairn's own client keeps at most 16 open.
+struct PeerSlots {
+    cap: usize,
+    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+impl PeerSlots {
+    fn new(max_connections: usize) -> PeerSlots {
+        PeerSlots {
+            cap: max_connections.div_ceil(2).max(1),
+            held: Default::default(),
+        }
+    }
+
+    /// A connection slot for `ip`, if it holds fewer than its share.
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let n = held.entry(ip).or_default();
+        if *n >= self.cap {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            slots: Arc::clone(self),
+            ip,
+        })
+    }
+}
+
+/// One connection of an address, given back when dropped.
+struct PeerSlot {
+    slots: Arc<PeerSlots>,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut held = self.slots.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
         }
     }
 }
@@ -269,7 +328,10 @@ fn sweep(state: &State) {
             Ok(0) => {}
             Ok(freed) => {
                 state.freed(&repo, freed);
-                log_event("deleted_freed", &format!("{repo}: {freed} bytes"));
+                log_event(
+                    "deleted_freed",
+                    &format!("{repo}: {freed} bytes as quotas count"),
+                );
             }
             Err(e) => log_event("expire_failed", &format!("{repo}: {e}")),
         }

@@ -37,6 +37,16 @@ struct Usage {
 /// A quota that an upload would exceed, as the client is told.
 pub(crate) struct QuotaExceeded(pub String);
 
+/// The least an object counts for against quotas: its file and inode cost the server a
+/// block however short it is, and a token could otherwise store millions of empty
+/// objects under any quota.
+const LEAST_CHARGE: u64 = 4096;
+
+/// What an object of `len` bytes counts for against quotas.
+pub(crate) fn charged(len: u64) -> u64 {
+    len.max(LEAST_CHARGE)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -93,8 +103,8 @@ impl State {
             .clone()
     }
 
-    /// Counts `len` bytes against the quotas of `repo` and `token`, or says which one
-    /// they would exceed.
+    /// Counts an object of `len` bytes ([`charged`]) against the quotas of `repo` and
+    /// `token`, or says which one it would exceed.
     pub fn reserve(
         &self,
         repo: &str,
@@ -102,6 +112,7 @@ impl State {
         len: u64,
         access: &Access,
     ) -> std::result::Result<(), QuotaExceeded> {
+        let len = charged(len);
         let mut usage = lock(&self.usage);
         if !usage.repos.contains_key(repo) {
             let used = repo_bytes(self.dir(), repo).unwrap_or(0);
@@ -135,6 +146,7 @@ impl State {
 
     /// Gives back what [`reserve`](Self::reserve) counted, for an upload that failed.
     pub fn release(&self, repo: &str, token: &TokenEntry, len: u64) {
+        let len = charged(len);
         let mut usage = lock(&self.usage);
         if let Some(used) = usage.repos.get_mut(repo) {
             *used = used.saturating_sub(len);
@@ -151,7 +163,7 @@ impl State {
         write_atomically(&usage_file(self.dir()), &json)
     }
 
-    /// `bytes` of `repo` were freed.
+    /// Objects of `repo` that counted `bytes` against its quota ([`charged`]) were freed.
     pub fn freed(&self, repo: &str, bytes: u64) {
         if let Some(used) = lock(&self.usage).repos.get_mut(repo) {
             *used = used.saturating_sub(bytes);
@@ -191,12 +203,12 @@ fn modified(path: &Path) -> Option<SystemTime> {
     fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-/// Bytes of a repository's objects and of its held deleted ones.
+/// What a repository's objects and its held deleted ones count for against its quota.
 pub(crate) fn repo_bytes(dir: &Path, repo: &str) -> Result<u64> {
     let store = LocalStorage::new(dir.join(repo));
     let mut total = deleted::held_bytes(dir, repo)?;
     for name in cairn_storage::Storage::list(&store, "")? {
-        total += cairn_storage::Storage::size(&store, &name).unwrap_or(0);
+        total += charged(cairn_storage::Storage::size(&store, &name).unwrap_or(0));
     }
     Ok(total)
 }

@@ -86,3 +86,77 @@ fn a_refused_upload_is_answered_with_its_reason_not_a_cut_connection() {
     }
     assert!(!storage.exists(&name).unwrap(), "nothing was stored");
 }
+
+/// However short, an object counts for at least a 4 KiB block against a quota: its file
+/// and inode cost the server that much, and an append token could otherwise store
+/// millions of empty objects under any quota.
+#[test]
+fn short_objects_count_for_a_block_against_the_quota() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut access = Access::default();
+    let token = access
+        .add_token("laptop", "home", Rights::Append, None)
+        .unwrap();
+    access.repo_quotas.insert("home".into(), 16 * 4096);
+    access.save(dir.path()).unwrap();
+    let addr = start(dir.path());
+    let storage = open_with(
+        &format!("rest:http://{addr}/home"),
+        &OpenOptions {
+            rest_token: Some(token),
+            ..Default::default()
+        },
+    )
+    .expect("open the REST store");
+    let name = |body: &[u8]| {
+        let hash = blake3::hash(body).to_hex();
+        format!("data/{}/{hash}", &hash[..2])
+    };
+    for i in 0..16u8 {
+        storage.write(&name(&[i]), &[i]).expect("within the quota");
+    }
+    let err = storage
+        .write(&name(&[16]), &[16])
+        .expect_err("a seventeenth object is one block too many");
+    assert!(err.to_string().contains("quota"), "{err}");
+}
+
+/// One address may hold at most half of the server's connections (32 of the default
+/// 64): a host that opens connections and sends nothing cannot take them all. The
+/// connection past its share is closed at once, where it used to wait for its headers.
+#[test]
+fn one_address_cannot_hold_every_connection() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    Access::default().save(dir.path()).unwrap();
+    let addr = start(dir.path());
+    let held: Vec<std::net::TcpStream> = (0..32)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    let mut extra = std::net::TcpStream::connect(addr).unwrap();
+    extra
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 1];
+    let n = extra
+        .read(&mut buf)
+        .expect("closed by the server, not left waiting");
+    assert_eq!(n, 0);
+    // Once one of the 32 closes, the address may connect again.
+    drop(held);
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let mut again = std::net::TcpStream::connect(addr).unwrap();
+    again
+        .set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    let waiting = again
+        .read(&mut buf)
+        .expect_err("kept open, waiting for a request");
+    assert!(
+        matches!(
+            waiting.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        "{waiting}"
+    );
+}
