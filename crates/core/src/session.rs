@@ -666,6 +666,88 @@ mod tests {
         }
     }
 
+    /// A storage where the first read of a session file finds it replaced, as a
+    /// heartbeat replaces it: the next file is written and the listed one deleted
+    /// between the listing and the read.
+    #[derive(Debug)]
+    struct Heartbeating<'a> {
+        inner: &'a dyn Storage,
+        next: Mutex<Option<(String, Vec<u8>)>>,
+    }
+
+    impl Storage for Heartbeating<'_> {
+        fn location(&self) -> String {
+            self.inner.location()
+        }
+        fn read(&self, name: &str) -> cairn_storage::Result<Vec<u8>> {
+            if name.starts_with("sessions/") {
+                if let Some((next, bytes)) = self.next.lock().unwrap().take() {
+                    self.inner.write(&next, &bytes)?;
+                    self.inner.delete(name)?;
+                }
+            }
+            self.inner.read(name)
+        }
+        fn read_range(&self, name: &str, offset: u64, len: u64) -> cairn_storage::Result<Vec<u8>> {
+            self.inner.read_range(name, offset, len)
+        }
+        fn write(&self, name: &str, data: &[u8]) -> cairn_storage::Result<()> {
+            self.inner.write(name, data)
+        }
+        fn list(&self, dir: &str) -> cairn_storage::Result<Vec<String>> {
+            self.inner.list(dir)
+        }
+        fn list_modified(&self, dir: &str) -> cairn_storage::Result<Vec<(String, SystemTime)>> {
+            self.inner.list_modified(dir)
+        }
+        fn temporaries(&self) -> cairn_storage::Result<Vec<(String, SystemTime)>> {
+            self.inner.temporaries()
+        }
+        fn delete_temporary(&self, name: &str) -> cairn_storage::Result<()> {
+            self.inner.delete_temporary(name)
+        }
+        fn size(&self, name: &str) -> cairn_storage::Result<u64> {
+            self.inner.size(name)
+        }
+        fn exists(&self, name: &str) -> cairn_storage::Result<bool> {
+            self.inner.exists(name)
+        }
+        fn delete(&self, name: &str) -> cairn_storage::Result<()> {
+            self.inner.delete(name)
+        }
+    }
+
+    /// A session whose only listed file was replaced by its next heartbeat before it was
+    /// read is still seen, live, through the file that replaced it: skipping the
+    /// vanished file left the session out of the listing, and a prune could delete what
+    /// it was building on.
+    #[test]
+    fn a_session_file_replaced_while_listing_is_seen_through_its_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = crate::repo::test_repository(dir.path());
+        let sealed = |seq| {
+            let json = serde_json::to_vec(&SessionInfo {
+                seq,
+                ..info("h", "b", 1, 60)
+            })
+            .unwrap();
+            let bytes = crate::object::seal(repo.key(), Purpose::Session, &json);
+            (format!("sessions/{}", blake3::hash(&bytes).to_hex()), bytes)
+        };
+        let (first, bytes) = sealed(1);
+        repo.storage().write(&first, &bytes).unwrap();
+        let next = sealed(2);
+        let storage = Heartbeating {
+            inner: repo.storage().as_ref(),
+            next: Mutex::new(Some(next.clone())),
+        };
+        let views = list_in(&storage, repo.key()).unwrap();
+        assert_eq!(views.len(), 1, "one session, seen once");
+        let view = &views[0];
+        assert_eq!(view.files, vec![next.0]);
+        assert_eq!(view.info.as_ref().map(|i| i.seq), Some(2));
+    }
+
     fn info(host: &str, boot: &str, pid: u32, beat_secs: u64) -> SessionInfo {
         SessionInfo {
             id: "a".into(),
