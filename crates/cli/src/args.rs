@@ -332,8 +332,8 @@ pub enum TokenCommand {
         /// The repository it opens
         #[arg(long)]
         repo: String,
-        /// read, append (back up; never overwrite or delete), maintain (also delete, for
-        /// forget and prune: held for the deletion delay), admin
+        /// read, append (back up; never overwrite or delete), maintain (also init and key
+        /// add, and delete, for forget and prune: held for the deletion delay), admin
         #[arg(long)]
         rights: cairn_server::access::Rights,
         /// The most bytes it may upload in all

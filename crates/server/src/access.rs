@@ -24,10 +24,11 @@ pub enum Rights {
     /// Read and list objects.
     Read,
     /// Also create new objects in the repository's layout, each verified against its
-    /// name; never overwrite or delete, except the session files this token wrote.
+    /// name, but not the config or key files; never overwrite or delete, except the
+    /// session files this token wrote.
     Append,
-    /// Also delete objects (prune, forget); deleted objects are kept for the deletion
-    /// delay before they are freed.
+    /// Also create the config and key files (init, key add), and delete objects (prune,
+    /// forget); deleted objects are kept for the deletion delay before they are freed.
     Maintain,
     /// Also delete key files, and write names outside the repository layout without
     /// verification (the storage conformance suite does). The operator's own token.

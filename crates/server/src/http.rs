@@ -704,6 +704,22 @@ async fn write_checked(
             ),
         ));
     }
+    // A thief's append token must not add a key (a write-only key file that a laptop
+    // which lost its cache would take, sealing its backups to the thief's key) nor set
+    // up a repository: the owner makes both, with a maintain token.
+    let owners_only = matches!(kind, Some(Kind::Config | Kind::Hashed { dir: "keys", .. }));
+    if owners_only && token.rights < Rights::Maintain {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "the token {} has the right {}; creating {name} needs {} (the owner makes \
+                 the config and key files: `cairn init`, `cairn key add`)",
+                token.name,
+                token.rights.as_str(),
+                Rights::Maintain.as_str()
+            ),
+        ));
+    }
     let len: u64 = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())

@@ -5,9 +5,9 @@
 //! | --- | --- | --- |
 //! | `data/<h[0..2]>/<h>` | backup, copy, prune's repacking | BLAKE3 of the body is `h` |
 //! | `index/<h>`, `snapshots/<h>`, `trash/<h>` | backup, prune, forget | the same |
-//! | `keys/<h>` | init, key add | the same |
+//! | `keys/<h>` | init, key add (a maintain token at least) | the same |
 //! | `sessions/<h>` | every running backup and prune (heartbeats) | the same, and it records which token wrote it |
-//! | `config` | init | at most [`MAX_CONFIG`] bytes (not hash-named: it carries its own MAC, which only a key can check) |
+//! | `config` | init (a maintain token at least) | at most [`MAX_CONFIG`] bytes (not hash-named: it carries its own MAC, which only a key can check) |
 //!
 //! Every name is create-only: an existing object is never replaced, whatever the token.
 //! A hash-named object whose body does not hash to its name is refused, so no upload

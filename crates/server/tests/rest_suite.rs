@@ -160,3 +160,46 @@ fn one_address_cannot_hold_every_connection() {
         "{waiting}"
     );
 }
+
+/// Key files and the config are the owner's to make, with a maintain token: an append
+/// token (a backup machine's, perhaps a thief's) adding a key file could give a machine
+/// that lost its cache a write-only key of the thief's.
+#[test]
+fn an_append_token_cannot_add_a_key_file_or_the_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut access = Access::default();
+    let append = access
+        .add_token("laptop", "home", Rights::Append, None)
+        .unwrap();
+    let maintain = access
+        .add_token("owner", "home", Rights::Maintain, None)
+        .unwrap();
+    access.save(dir.path()).unwrap();
+    let addr = start(dir.path());
+    let open = |token: String| {
+        open_with(
+            &format!("rest:http://{addr}/home"),
+            &OpenOptions {
+                rest_token: Some(token),
+                ..Default::default()
+            },
+        )
+        .expect("open the REST store")
+    };
+    let (laptop, owner) = (open(append), open(maintain));
+    let key = b"a key file".as_slice();
+    let key_name = format!("keys/{}", blake3::hash(key).to_hex());
+    for (name, body) in [(key_name.as_str(), key), ("config", b"{}".as_slice())] {
+        let err = laptop
+            .write(name, body)
+            .expect_err("refused to an append token");
+        assert!(err.to_string().contains("403"), "{name}: {err}");
+        assert!(!owner.exists(name).unwrap(), "{name}");
+        owner.write(name, body).expect("the owner's maintain token");
+    }
+    let data = b"data";
+    let hash = blake3::hash(data).to_hex();
+    laptop
+        .write(&format!("data/{}/{hash}", &hash[..2]), data)
+        .expect("an append token still adds data");
+}

@@ -93,6 +93,18 @@ fn token(env: &TestEnv, dir: &Path, name: &str, repo: &str, rights: &str) -> Str
     token
 }
 
+/// `cairn init` of `env`'s repository as its owner makes it: through a maintain token of
+/// its own, since an append token may not create the config and key files.
+fn init_as_owner(env: &TestEnv, senv: &TestEnv, dir: &Path, repo: &str, extra: &[&str]) {
+    let owner = token(senv, dir, &format!("owner-of-{repo}"), repo, "maintain");
+    let out = (env.cmd().env("CAIRN_REST_TOKEN", owner))
+        .arg("init")
+        .args(extra)
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn init with the owner's maintain token");
+}
+
 /// A client environment for repository `repo` of `server` with `token`.
 fn client(server: &Server, repo: &str, token: &str) -> TestEnv {
     let mut env = TestEnv::new();
@@ -185,7 +197,15 @@ fn serve_append_token_cannot_alter_or_remove_anything_and_each_attempt_is_a_4xx(
     let reader = token(&senv, &dir, "auditor", "home", "read");
     let server = Server::start(&senv, &dir, &["--max-body", "1M"]);
     let env = client(&server, "home", &app);
-    env.init(&SMALL_CHUNKS);
+    // The config and key files are the owner's to make.
+    let out = env.cmd().arg("init").output().unwrap();
+    assert_exit(&out, 1, "init with an append token");
+    assert!(
+        stderr(&out).contains("403") && stderr(&out).contains("maintain"),
+        "{}",
+        stderr(&out)
+    );
+    init_as_owner(&env, &senv, &dir, "home", &SMALL_CHUNKS);
     let src = env.path("src");
     write_random_files(&src, 4, 100_000, 1);
     let snapshot = env.backup_id(&[&src], &[]);
@@ -232,7 +252,13 @@ fn serve_append_token_cannot_alter_or_remove_anything_and_each_attempt_is_a_4xx(
         (
             "overwrite the config",
             put("config", Some(&app), b"{}"),
-            409,
+            // An append token may not create it at all (a maintain token gets 409).
+            403,
+        ),
+        (
+            "add a key file",
+            put(&format!("keys/{}", hash_hex(&fresh)), Some(&app), &fresh),
+            403,
         ),
         (
             "a body whose hash is not its name",
@@ -376,7 +402,7 @@ fn serve_sixteen_clients_back_up_at_once_and_every_snapshot_restores() {
     let tok = token(&senv, &dir, "fleet", "fleet", "append");
     let server = Server::start(&senv, &dir, &[]);
     let env = client(&server, "fleet", &tok);
-    env.init(&SMALL_CHUNKS);
+    init_as_owner(&env, &senv, &dir, "fleet", &SMALL_CHUNKS);
     let sources: Vec<PathBuf> = (0..16)
         .map(|i| {
             let src = env.path(&format!("host{i}"));
@@ -448,7 +474,7 @@ fn serve_restarted_mid_backup_the_client_retries_and_completes() {
     let tok = token(&senv, &dir, "laptop", "home", "append");
     let mut server = Server::start(&senv, &dir, &[]);
     let env = client(&server, "home", &tok);
-    env.init(&["--pack-size", "1M"]);
+    init_as_owner(&env, &senv, &dir, "home", &["--pack-size", "1M"]);
     let src = env.path("src");
     write_random_files(&src, 12, 1 << 20, 3);
     let listen = server.addr();
@@ -472,7 +498,7 @@ fn serve_a_client_killed_mid_upload_leaves_a_clean_repository_and_the_next_backu
     let tok = token(&senv, &dir, "laptop", "home", "append");
     let server = Server::start(&senv, &dir, &[]);
     let env = client(&server, "home", &tok);
-    env.init(&["--pack-size", "1M"]);
+    init_as_owner(&env, &senv, &dir, "home", &["--pack-size", "1M"]);
     let src = env.path("src");
     write_random_files(&src, 12, 1 << 20, 4);
     let out = backup_interrupted(&env, &dir.join("home"), &src, |child| {
@@ -511,7 +537,7 @@ fn serve_quota_exceeded_mid_backup_is_a_clear_error_and_the_repository_stays_con
     assert_success(&out, "serve quota");
     let server = Server::start(&senv, &dir, &[]);
     let env = client(&server, "home", &tok);
-    env.init(&SMALL_CHUNKS);
+    init_as_owner(&env, &senv, &dir, "home", &SMALL_CHUNKS);
     let small = env.path("small");
     write_random_files(&small, 2, 300_000, 5);
     let first = env.backup_id(&[&small], &[]);
@@ -642,7 +668,7 @@ fn serve_tls_with_a_private_ca_is_accepted_with_cacert_and_refused_without() {
     let mut env = env;
     env.vars
         .push(("CAIRN_CACERT".into(), ca_file.to_str().unwrap().into()));
-    env.init(&[]);
+    init_as_owner(&env, &senv, &dir, "home", &[]);
     let src = env.path("src");
     write_random_files(&src, 2, 50_000, 9);
     let id = env.backup_id(&[&src], &[]);
@@ -818,7 +844,7 @@ fn serve_a_thief_with_a_write_only_key_and_an_append_token_cannot_read_or_remove
 #[test]
 fn serve_a_token_can_come_from_the_config_files_repository_entry() {
     let (senv, dir) = server_dir();
-    let tok = token(&senv, &dir, "box", "home", "append");
+    let tok = token(&senv, &dir, "box", "home", "maintain");
     let server = Server::start(&senv, &dir, &[]);
     let env = TestEnv::new();
     let token_file = env.path("token");
