@@ -18,7 +18,7 @@
 # while the smallest first backup's repository is written durably to the same disk
 # (crates/core/examples/backupfloor.rs), the floor under a first backup there; and a
 # copy of the tree backed up into the repository that holds the original (duplicate
-# data).
+# data), with a plain parallel read of the copy as its floor.
 #
 # Prints a table per step and writes the same as markdown to WORKDIR/compare.md. Tools
 # not on PATH are skipped (and listed as such). vykar is not on crates.io, so
@@ -238,7 +238,7 @@ read_write_row() {
 }
 
 duplicate_row() {
-  local dup="$work/dup/$corpus" m wall cpu rss log="$work/logs/$corpus/cairn-duplicate" added total
+  local dup="$work/dup/$corpus" m wall cpu rss log="$work/logs/$corpus/cairn-duplicate" added total rest
   mkdir -p "$work/dup"
   cp -a "$src" "$dup"
   drop_caches
@@ -251,6 +251,16 @@ duplicate_row() {
   record duplicate cairn "$wall" "$cpu" "$rss" "$added" "$total"
   printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS  %s bytes added\n' cairn duplicate \
     "$wall" "$cpu" $((rss / 1024)) "$added"
+  # The floor under it: the copy read with every core from a cold cache, nothing written
+  # (backupfloor with no bytes to write).
+  log="$work/logs/$corpus/readfloor"
+  drop_caches
+  if ! "$backupfloor" "$dup" "$work/restore/readfloor" 0 >"$log.out" 2>"$log.err"; then
+    fail "backupfloor (read only) failed" "$log.err"; return 0
+  fi
+  read -r wall cpu rest <"$log.out"
+  record readfloor "plain parallel read" "$wall" "$cpu" - - "$total"
+  printf '  %-9s %-8s %8s s wall %8s s CPU  (%s)\n' backupfloor read "$wall" "$cpu" "$rest"
 }
 
 # run_tool TOOL: every step of one tool, in a cache and config home of its own (so no
@@ -343,6 +353,7 @@ render() {
     }
     $1 == "verify" { verified[$2] = $3; next }
     $1 == "duplicate" { dup = $0; next }
+    $1 == "readfloor" { readfloor = $0; next }
     {
       s = $1 == "walk" ? "backup2" : $1
       count[s]++; tool[s, count[s]] = $2
@@ -382,6 +393,14 @@ render() {
           print "\n" title
           printf "  %-22s %10s %10s %10s %12s  %s\n", "tool", "wall s", "CPU s", "RSS MiB", "MB/s", "bytes added"
           printf "  %-22s %10s %10s %10s %12s  %s\n", "cairn", d[3], d[4], mib(d[5] * 1024), mbs, d[6]
+        }
+        if (readfloor != "") {
+          split(readfloor, f, "\t")
+          fmbs = sprintf("%.1f", f[7] / 1e6 / f[3])
+          if (fmt == "md") print "| plain parallel read | " f[3] " | " f[4] " | - | " fmbs " | - |"
+          else printf "  %-22s %10s %10s %10s %12s  %s\n", "plain parallel read", f[3], f[4], "-", fmbs, "-"
+          printf "%scairn duplicate backup / plain parallel read of the copy (cold cache, all cores): %.2f%s\n",
+            fmt == "md" ? "\n" : "  ", d[3] / f[3], fmt == "md" ? "×" : "x"
         }
       }
     }' "$results"

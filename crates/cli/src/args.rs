@@ -286,8 +286,8 @@ pub struct ServeArgs {
     /// The largest upload accepted
     #[arg(long, value_name = "SIZE", default_value = "1G", value_parser = parse_size_u64)]
     pub max_body: u64,
-    /// Connections served at once; more wait their turn. One address may hold at most
-    /// half of them
+    /// Connections served at once; more wait their turn. One address (but loopback, a
+    /// local proxy's) may hold at most half of them
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_connections: usize,
     /// How long a request may wait for its headers, or between two pieces of its body

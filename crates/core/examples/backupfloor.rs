@@ -12,7 +12,8 @@
 //! `bench/compare.sh` runs it with the page cache dropped and BYTES the smallest
 //! repository of the first backups: with a corpus that does not compress, the disk alone
 //! can put the fastest other tool's first backup within reach of this floor, and then
-//! half that tool's time is out of every tool's reach.
+//! half that tool's time is out of every tool's reach. With BYTES 0 it only reads: the
+//! floor under a backup of data the repository holds already (duplicate data).
 //!
 //! usage: cargo run --release -p cairn-core --example backupfloor -- SOURCE TARGET BYTES
 

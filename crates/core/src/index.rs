@@ -287,10 +287,12 @@ impl Packs {
         spares
     }
 
-    /// By id, then highest-ranked first.
+    /// By id, then highest-ranked first, then by place (so that one place's copies are
+    /// neighbours, for `dedup_by`).
     fn order(&self, a: &Entry, b: &Entry) -> std::cmp::Ordering {
         a.id.cmp(&b.id)
             .then_with(|| self.rank(b).cmp(&self.rank(a)))
+            .then_with(|| (a.pack, a.offset, a.length).cmp(&(b.pack, b.offset, b.length)))
     }
 
     fn location(&self, e: &Entry) -> BlobLocation {
@@ -444,8 +446,17 @@ impl Index {
         self.insert(new);
     }
 
-    /// Keeps `more` among the spare places, each place once.
-    fn add_spares(&mut self, more: Vec<Entry>) {
+    /// Keeps `more` among the spare places, each place once. Places already kept cost a
+    /// search each, not a sort: prune adds every index file again, and each names again
+    /// the places it gave before.
+    fn add_spares(&mut self, mut more: Vec<Entry>) {
+        let spares = &self.spares;
+        more.retain(|e| {
+            let start = spares.partition_point(|s| s.id < e.id);
+            !(spares[start..].iter())
+                .take_while(|s| s.id == e.id)
+                .any(|s| at_same_place(s, e))
+        });
         if more.is_empty() {
             return;
         }

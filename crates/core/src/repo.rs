@@ -487,7 +487,7 @@ impl Repository {
     /// Reads, decrypts, decompresses and verifies one blob. Never returns wrong bytes: the
     /// plaintext must hash to the blob's id.
     pub fn read_blob(&self, id: &BlobId) -> Result<Vec<u8>> {
-        self.read_sealed_blob(id).map(|(_, plain)| plain)
+        self.read_sealed_blob(id, true).map(|(_, plain)| plain)
     }
 
     /// A blob's verified plaintext, kept among the last few read: for readers of files,
@@ -502,29 +502,31 @@ impl Repository {
     }
 
     /// The blob as stored (sealed) and its verified plaintext: from its place in the
-    /// index or, if that cannot be read or is damaged, from another place the index
-    /// files give (the error is the first place's).
-    fn read_sealed_blob(&self, id: &BlobId) -> Result<(Vec<u8>, Vec<u8>)> {
+    /// index or, if that cannot be read or is damaged and `elsewhere`, from another
+    /// place the index files give (the error is the first place's).
+    fn read_sealed_blob(&self, id: &BlobId, elsewhere: bool) -> Result<(Vec<u8>, Vec<u8>)> {
         let loc = self
             .index
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
         let first = self.read_sealed_at(id, &loc);
-        if first.is_ok() {
+        if first.is_ok() || !elsewhere {
             return first;
         }
-        (self.index.other_places(id))
-            .find_map(|other| self.read_sealed_at(id, &other).ok())
-            .map_or(first, Ok)
+        self.read_sealed_elsewhere(id).map_or(first, Ok)
+    }
+
+    /// Blob `id` as stored and its verified plaintext, from the first place other than
+    /// its place in the index that is whole; `None` where there is none.
+    fn read_sealed_elsewhere(&self, id: &BlobId) -> Option<(Vec<u8>, Vec<u8>)> {
+        (self.index.other_places(id)).find_map(|other| self.read_sealed_at(id, &other).ok())
     }
 
     /// The verified plaintext of blob `id` from a place other than its place in the
     /// index, for a reader whose read of that place failed; `None` where there is none,
     /// or none is whole.
     pub(crate) fn read_blob_elsewhere(&self, id: &BlobId) -> Option<Vec<u8>> {
-        (self.index.other_places(id))
-            .find_map(|other| self.read_sealed_at(id, &other).ok())
-            .map(|(_, plain)| plain)
+        self.read_sealed_elsewhere(id).map(|(_, plain)| plain)
     }
 
     fn read_sealed_at(&self, id: &BlobId, loc: &BlobLocation) -> Result<(Vec<u8>, Vec<u8>)> {
@@ -613,8 +615,9 @@ impl Repository {
         window.get(span.within).map(<[u8]>::to_vec)
     }
 
-    /// A tree blob's plaintext, from the cache when it holds a verified copy.
-    fn read_tree_bytes(&self, id: &BlobId) -> Result<Vec<u8>> {
+    /// A tree blob's plaintext, from the cache when it holds a verified copy; from
+    /// another place than its place in the index only if `elsewhere`.
+    fn read_tree_bytes(&self, id: &BlobId, elsewhere: bool) -> Result<Vec<u8>> {
         if self.key.is_write_only() {
             return self
                 .writer_cache
@@ -623,7 +626,7 @@ impl Repository {
                 .ok_or_else(|| write_only(&format!("read tree {id}")));
         }
         let Some(cache) = &self.cache else {
-            return self.read_blob(id);
+            return self.read_sealed_blob(id, elsewhere).map(|(_, plain)| plain);
         };
         let hex = id.to_string();
         let loc = self
@@ -639,7 +642,7 @@ impl Repository {
         if let Some(plain) = self.cache_tree_pack(cache, id, &loc) {
             return Ok(plain);
         }
-        let (sealed, plain) = self.read_sealed_blob(id)?;
+        let (sealed, plain) = self.read_sealed_blob(id, elsewhere)?;
         cache.put_tree(&hex, &sealed);
         Ok(plain)
     }
@@ -691,7 +694,18 @@ impl Repository {
     }
 
     pub fn read_tree(&self, id: &BlobId) -> Result<Tree> {
-        let bytes = self.read_tree_bytes(id)?;
+        self.read_tree_from(id, true)
+    }
+
+    /// [`read_tree`](Self::read_tree) from the tree's place in the index only, as `check`
+    /// reads it: a damaged copy there is damage to report (and prune counts only that
+    /// place), whatever other copies hold.
+    pub fn read_tree_at_its_place(&self, id: &BlobId) -> Result<Tree> {
+        self.read_tree_from(id, false)
+    }
+
+    fn read_tree_from(&self, id: &BlobId, elsewhere: bool) -> Result<Tree> {
+        let bytes = self.read_tree_bytes(id, elsewhere)?;
         Tree::from_bytes(&bytes).map_err(|e| Error::BlobDamaged {
             id: *id,
             pack: self

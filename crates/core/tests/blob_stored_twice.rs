@@ -106,3 +106,26 @@ fn with_both_copies_gone_the_restore_names_the_first() {
     assert!(errors.contains(&first.to_string()), "{errors}");
     assert!(!target.path().join("f").exists());
 }
+
+/// `check` reads a tree at its place in the index, the copy prune keeps: a damaged one
+/// is damage to report, though readers (restore here) take the copy that is whole.
+#[test]
+fn check_reports_a_damaged_tree_whose_other_copy_is_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, _, snap, data) = stored_twice(dir.path());
+    repo.save_snapshot(&snap).unwrap();
+    let loc = repo.index().get(&snap.tree).unwrap();
+    assert_eq!(repo.index().other_places(&snap.tree).count(), 1);
+    let path = pack_path(dir.path(), &repo, &snap.tree);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[loc.offset as usize + loc.length as usize / 2] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+
+    let opts = cairn_core::ops::check::CheckOptions::default();
+    let report =
+        cairn_core::ops::check::check(&repo, &opts, &cairn_core::monitor::NullMonitor).unwrap();
+    let problems = format!("{:?}", report.problems);
+    assert!(problems.contains(&snap.tree.to_string()), "{problems}");
+    let target = restore_whole(&repo, &snap);
+    assert_eq!(std::fs::read(target.path().join("f")).unwrap(), data);
+}

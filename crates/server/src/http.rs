@@ -163,13 +163,17 @@ async fn run(options: ServeOptions, ready: impl FnOnce(Listening)) -> Result<()>
         let (app, acceptor) = (app.clone(), acceptor.clone());
         let accepted = match &listener {
             Listener::Tcp(l) => l.accept().await.map(|(stream, peer)| {
-                let Some(slot) = peers.take(peer.ip()) else {
+                let slot = match peers.take(peer.ip()) {
+                    Admit::Yes(slot) => slot,
                     // Closed at once, and its permit is free again.
-                    log_event(
-                        "connection_refused",
-                        &format!("{peer}: its address holds {} connections", peers.cap),
-                    );
-                    return;
+                    Admit::No { log } => {
+                        if log {
+                            let held = peers.cap;
+                            let why = format!("{peer}: its address holds {held} connections");
+                            log_event("connection_refused", &why);
+                        }
+                        return;
+                    }
                 };
                 tokio::spawn(async move {
                     connection(stream, peer.to_string(), acceptor, app, idle).await;
@@ -192,10 +196,30 @@ async fn run(options: ServeOptions, ready: impl FnOnce(Listening)) -> Result<()>
 /// Connections held per client address. One address may hold at most half of all
 /// connections: a single host, with a token or without, cannot take every connection (a
 /// connection that sends nothing holds one for the idle timeout) and leave the others
-/// waiting. cairn's own client keeps at most 16 open.
+/// waiting. cairn's own client keeps at most 16 open. Loopback is not limited: there
+/// every connection comes from a proxy on the server's machine (the way to serve plain
+/// HTTP), which speaks for all its clients. IPv6 addresses count by their /64, which one
+/// host is given whole.
 struct PeerSlots {
     cap: usize,
-    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    held: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, Held>>,
+}
+
+#[derive(Default)]
+struct Held {
+    connections: usize,
+    /// A refusal was logged since the address last had room: one line per episode, not
+    /// one per connection a flood opens.
+    logged: bool,
+}
+
+/// What [`PeerSlots::take`] says of a connection.
+enum Admit {
+    Yes(Option<PeerSlot>),
+    /// Refused; whether to log it.
+    No {
+        log: bool,
+    },
 }
 
 impl PeerSlots {
@@ -207,33 +231,46 @@ impl PeerSlots {
     }
 
     /// A connection slot for `ip`, if it holds fewer than its share.
-    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Option<PeerSlot> {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let n = held.entry(ip).or_default();
-        if *n >= self.cap {
-            return None;
+    fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Admit {
+        if ip.is_loopback() {
+            return Admit::Yes(None);
         }
-        *n += 1;
-        Some(PeerSlot {
+        let key = match ip {
+            std::net::IpAddr::V6(v6) => {
+                let bits = u128::from(v6) & !((1u128 << 64) - 1);
+                std::net::IpAddr::V6(bits.into())
+            }
+            v4 => v4,
+        };
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let h = held.entry(key).or_default();
+        if h.connections >= self.cap {
+            return Admit::No {
+                log: !std::mem::replace(&mut h.logged, true),
+            };
+        }
+        h.connections += 1;
+        Admit::Yes(Some(PeerSlot {
             slots: Arc::clone(self),
-            ip,
-        })
+            key,
+        }))
     }
 }
 
 /// One connection of an address, given back when dropped.
 struct PeerSlot {
     slots: Arc<PeerSlots>,
-    ip: std::net::IpAddr,
+    key: std::net::IpAddr,
 }
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
         let mut held = self.slots.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = held.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                held.remove(&self.ip);
+        if let Some(h) = held.get_mut(&self.key) {
+            h.connections -= 1;
+            h.logged = false;
+            if h.connections == 0 {
+                held.remove(&self.key);
             }
         }
     }
@@ -892,7 +929,7 @@ fn delete_checked(
         let size = tokio::task::block_in_place(|| store.size(name)).map_err(storage_refusal)?;
         tokio::task::block_in_place(|| store.delete(name)).map_err(storage_refusal)?;
         state.forget_owner(repo, name);
-        state.freed(repo, size);
+        state.freed(repo, crate::state::charged(size));
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     match tokio::task::block_in_place(|| deleted::hold(state.dir(), repo, name, now_secs())) {
@@ -932,4 +969,39 @@ fn log_event(event: &str, detail: &str) {
         "{}",
         serde_json::json!({"time": now_secs(), "event": event, "detail": detail})
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+
+    #[test]
+    fn an_address_holds_at_most_half_the_connections_and_loopback_any() {
+        let slots = Arc::new(PeerSlots::new(8));
+        let take = |a: &str| match slots.take(a.parse::<IpAddr>().unwrap()) {
+            Admit::Yes(slot) => Some(slot),
+            Admit::No { .. } => None,
+        };
+        let mut held: Vec<_> = (0..4).map(|_| take("192.0.2.1").unwrap()).collect();
+        let one = "192.0.2.1".parse::<IpAddr>().unwrap();
+        // Logged once, not once per connection a flood opens.
+        assert!(matches!(slots.take(one), Admit::No { log: true }));
+        assert!(matches!(slots.take(one), Admit::No { log: false }));
+        assert!(
+            take("192.0.2.2").is_some(),
+            "another address has a share of its own"
+        );
+        let _v6: Vec<_> = (1..=4)
+            .map(|i| take(&format!("2001:db8::{i}")).unwrap())
+            .collect();
+        assert!(take("2001:db8::ffff").is_none(), "a /64 is one host");
+        assert!(take("2001:db8:0:1::1").is_some(), "another /64 is another");
+        let local: Vec<_> = (0..20).map(|_| take("127.0.0.1")).collect();
+        assert!(local.iter().all(Option::is_some), "a proxy on this machine");
+        held.pop();
+        held.push(take("192.0.2.1").expect("room again once one closed"));
+        assert!(matches!(slots.take(one), Admit::No { log: true }));
+    }
 }

@@ -121,36 +121,25 @@ fn short_objects_count_for_a_block_against_the_quota() {
     assert!(err.to_string().contains("quota"), "{err}");
 }
 
-/// One address may hold at most half of the server's connections (32 of the default
-/// 64): a host that opens connections and sends nothing cannot take them all. The
-/// connection past its share is closed at once, where it used to wait for its headers.
+/// Connections from loopback are not limited per address: there they all come from a
+/// proxy on the server's machine (the way to serve plain HTTP to others), which speaks
+/// for all its clients. Past half of the 64 connections, one more still waits for its
+/// request instead of being closed (the limit per address is `http`'s unit test).
 #[test]
-fn one_address_cannot_hold_every_connection() {
+fn a_local_proxy_may_hold_more_than_half_the_connections() {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     Access::default().save(dir.path()).unwrap();
     let addr = start(dir.path());
-    let held: Vec<std::net::TcpStream> = (0..32)
+    let _held: Vec<std::net::TcpStream> = (0..40)
         .map(|_| std::net::TcpStream::connect(addr).unwrap())
         .collect();
     let mut extra = std::net::TcpStream::connect(addr).unwrap();
     extra
-        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .set_read_timeout(Some(std::time::Duration::from_secs(1)))
         .unwrap();
-    let mut buf = [0u8; 1];
-    let n = extra
-        .read(&mut buf)
-        .expect("closed by the server, not left waiting");
-    assert_eq!(n, 0);
-    // Once one of the 32 closes, the address may connect again.
-    drop(held);
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let mut again = std::net::TcpStream::connect(addr).unwrap();
-    again
-        .set_read_timeout(Some(std::time::Duration::from_millis(500)))
-        .unwrap();
-    let waiting = again
-        .read(&mut buf)
+    let waiting = extra
+        .read(&mut [0u8; 1])
         .expect_err("kept open, waiting for a request");
     assert!(
         matches!(
@@ -202,4 +191,32 @@ fn an_append_token_cannot_add_a_key_file_or_the_config() {
     laptop
         .write(&format!("data/{}/{hash}", &hash[..2]), data)
         .expect("an append token still adds data");
+}
+
+/// A session file deleted gives back what it counted for: heartbeats write one and
+/// delete the one before every few minutes, and a repository whose quota lost 4 KiB
+/// each time would fill up with nothing in it.
+#[test]
+fn deleted_session_files_give_back_their_charge() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut access = Access::default();
+    let token = access
+        .add_token("laptop", "home", Rights::Append, None)
+        .unwrap();
+    access.repo_quotas.insert("home".into(), 2 * 4096);
+    access.save(dir.path()).unwrap();
+    let addr = start(dir.path());
+    let storage = open_with(
+        &format!("rest:http://{addr}/home"),
+        &OpenOptions {
+            rest_token: Some(token),
+            ..Default::default()
+        },
+    )
+    .expect("open the REST store");
+    for i in 0..8u8 {
+        let name = format!("sessions/{}", blake3::hash(&[i]).to_hex());
+        storage.write(&name, &[i]).expect("within the quota");
+        storage.delete(&name).expect("its own session file");
+    }
 }

@@ -603,7 +603,7 @@ impl Walker<'_> {
             self.damage(i, snapshot, path);
             return false;
         }
-        let tree = match self.repo.read_tree(tree_id) {
+        let tree = match self.repo.read_tree_at_its_place(tree_id) {
             Ok(t) => t,
             Err(e) => {
                 // An indexed tree that does not decrypt: its pack is damaged, which only

@@ -483,10 +483,11 @@ struct Fixer<'r> {
 
 impl Fixer<'_> {
     fn readable(&self, blob: &BlobId) -> bool {
-        self.repo
-            .index()
-            .get(blob)
-            .is_some_and(|loc| self.stored.contains(&loc.pack))
+        let index = self.repo.index();
+        // Readers take another place the index files give when the first is gone.
+        (index.get(blob).into_iter())
+            .chain(index.other_places(blob))
+            .any(|loc| self.stored.contains(&loc.pack))
     }
 
     /// Whether the tree can be read: it is indexed in a stored pack and decrypts.

@@ -224,12 +224,13 @@ impl Sim {
             }
             BStep::Finish => {
                 if self.backup_ref(a).writer {
-                    // `remember_as_writer`: every pack its index names, its own and earlier.
+                    // `remember_as_writer`: the index's packs by blob (`by_pack`), each blob
+                    // in the pack that holds it for the index.
                     let b = self.backup_ref(a);
                     let mut memory: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
-                    for (blob, packs) in &b.index.holders {
-                        for p in packs {
-                            memory.entry(*p).or_default().push(*blob);
+                    for blob in b.index.holders.keys() {
+                        if let Some(p) = b.index.get(*blob) {
+                            memory.entry(p).or_default().push(*blob);
                         }
                     }
                     let host = self.actors[a].host;

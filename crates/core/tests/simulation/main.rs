@@ -3,6 +3,8 @@
 //! memory of the repository and the notices), prunes and forgets interleaved by a seeded
 //! scheduler over an in-memory storage with its own clock, with crashes, suspended
 //! processes, stalled uploads, failing heartbeats and hosts whose clocks are days apart.
+//! Full keys' backups build on writers' packs at once, where cairn waits until a prune
+//! has checked them: the model shares more between backups than cairn does, not less.
 //!
 //! The decisions are cairn's own pure functions ([`judge`], [`may_delete`],
 //! [`unsafe_packs`]); the rest (session files, cumulative trash files with generations,
