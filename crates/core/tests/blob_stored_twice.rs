@@ -63,10 +63,24 @@ fn pack_path(dir: &std::path::Path, repo: &Repository, blob: &BlobId) -> std::pa
 fn a_blob_whose_pack_is_gone_is_read_from_its_other_copy() {
     let dir = tempfile::tempdir().unwrap();
     let (repo, blob, snap, data) = stored_twice(dir.path());
+    let gone = repo.index().get(&blob).unwrap().pack;
     std::fs::remove_file(pack_path(dir.path(), &repo, &blob)).unwrap();
 
-    let target = restore_whole(&repo, &snap);
+    let target = tempfile::tempdir().unwrap();
+    let opts = cairn_core::ops::restore::RestoreOptions {
+        target: target.path().to_path_buf(),
+        ..Default::default()
+    };
+    let monitor = cairn_core::monitor::NullMonitor;
+    let stats = cairn_core::ops::restore::restore(&repo, &snap, &opts, &monitor).unwrap();
+    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     assert_eq!(std::fs::read(target.path().join("f")).unwrap(), data);
+    // Whole, and the user is told which pack lost its copy.
+    let warnings = stats.warnings.join("\n");
+    assert!(
+        warnings.contains("another copy") && warnings.contains(&gone.to_string()),
+        "{warnings}"
+    );
     assert_eq!(repo.read_blob(&blob).unwrap(), data);
 }
 

@@ -201,6 +201,7 @@ pub fn restore(
         if let Ok(reads) = fill.join() {
             r.stats.packs_read = reads.packs;
             r.stats.bytes_read = reads.bytes;
+            r.warn_other_copies(&reads);
         }
         walked
     });
@@ -488,6 +489,20 @@ impl Restorer<'_> {
                 ));
             }
         }
+    }
+
+    /// Says so when blobs came from another copy than the index's: what was restored is
+    /// right, but the copy prune keeps is missing or damaged.
+    fn warn_other_copies(&mut self, reads: &restore_packs::PackReads) {
+        if reads.elsewhere == 0 {
+            return;
+        }
+        let packs: Vec<String> = reads.failed_packs.iter().map(|p| p.to_string()).collect();
+        self.stats.warnings.push(format!(
+            "{} blobs were read from another copy: their copy in pack {} is missing or              damaged; what was restored is whole. Run `cairn check --read-data` to see what              is damaged and what mends it",
+            reads.elsewhere,
+            packs.join(", pack ")
+        ));
     }
 
     /// Warns (once) when root works in a directory that another user owns: that user

@@ -145,6 +145,10 @@ pub(crate) struct PackReads {
     pub packs: u64,
     /// Bytes read from packs, for all blobs read.
     pub bytes: u64,
+    /// Blobs read from another place than the index's, and the packs whose copy of them
+    /// was missing or damaged.
+    pub elsewhere: u64,
+    pub failed_packs: std::collections::BTreeSet<PackId>,
 }
 
 /// Writes every file of every batch that arrives on `batches` with `threads` threads,
@@ -170,6 +174,7 @@ pub(crate) fn fill(
             open_files: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             bytes_read: AtomicU64::new(0),
+            elsewhere: Mutex::default(),
             // The seal proves a blob's id (format 2 on, the repository's own key);
             // `--verify` hashes every blob all the same.
             id_check: if opts.verify {
@@ -207,6 +212,14 @@ pub(crate) fn fill(
         }
         reads.packs += plan.packs.len() as u64;
         reads.bytes += batch.bytes_read.load(Ordering::Relaxed);
+        let elsewhere = batch
+            .elsewhere
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner());
+        reads.elsewhere += elsewhere.len() as u64;
+        reads
+            .failed_packs
+            .extend(elsewhere.into_iter().map(|(_, pack)| pack));
     }
     reads
 }
@@ -378,6 +391,8 @@ struct Batch<'a> {
     /// Set when the restore is cancelled or the main thread is gone.
     stop: AtomicBool,
     bytes_read: AtomicU64,
+    /// Blobs read from another place, with the pack of the place that failed.
+    elsewhere: Mutex<Vec<(BlobId, PackId)>>,
     id_check: IdCheck,
 }
 
@@ -455,7 +470,12 @@ impl Batch<'_> {
     /// holds it, if one does and it is whole; else the failure.
     fn write_from_elsewhere(&self, blob: &BlobPlan, error: &str) {
         match self.repo.read_blob_elsewhere(&blob.id) {
-            Some(plain) => self.write_blob(blob, Ok(&plain)),
+            Some(plain) => {
+                let mut elsewhere = self.elsewhere.lock().unwrap_or_else(|p| p.into_inner());
+                elsewhere.push((blob.id, blob.loc.pack));
+                drop(elsewhere);
+                self.write_blob(blob, Ok(&plain));
+            }
             None => self.write_blob(blob, Err(error)),
         }
     }
