@@ -25,6 +25,10 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+#[path = "shared/cpu.rs"]
+mod cpu;
+use cpu::cpu_time;
+
 const PIECE: usize = 1 << 20;
 
 /// Every regular file under `root`.
@@ -42,19 +46,6 @@ fn files(root: &Path) -> std::io::Result<Vec<PathBuf>> {
         }
     }
     Ok(out)
-}
-
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage only writes the struct it is given.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// Reads the files `next` hands out, whole, until none is left; the bytes read.

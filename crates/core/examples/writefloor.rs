@@ -19,9 +19,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rustix::fs::{Mode, OFlags};
+
+#[path = "shared/cpu.rs"]
+mod cpu;
+use cpu::cpu_time;
 
 enum Item {
     /// A regular file of this many bytes.
@@ -55,19 +59,6 @@ fn load(root: &Path) -> std::io::Result<Vec<Dir>> {
         dirs.push((dir, items));
     }
     Ok(dirs)
-}
-
-fn cpu_time() -> Duration {
-    // SAFETY: getrusage only writes the struct it is given.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
-        usage
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// Creates the files and links of one directory, relative to its descriptor as a

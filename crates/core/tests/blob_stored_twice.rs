@@ -7,6 +7,7 @@ mod common;
 use std::sync::Arc;
 
 use cairn_core::id::BlobId;
+use cairn_core::ops::restore::{restore, RestoreOptions, RestoreStats};
 use cairn_core::pack::BlobKind;
 use cairn_core::snapshot::Snapshot;
 use cairn_core::storage::LocalStorage;
@@ -54,6 +55,17 @@ fn stored_twice(dir: &std::path::Path) -> (Repository, BlobId, Snapshot, Vec<u8>
     (repo, blob, snap, data)
 }
 
+/// Restores `snap` into a new directory: it, and what the restore says.
+fn restore_into(repo: &Repository, snap: &Snapshot) -> (tempfile::TempDir, RestoreStats) {
+    let target = tempfile::tempdir().unwrap();
+    let opts = RestoreOptions {
+        target: target.path().to_path_buf(),
+        ..Default::default()
+    };
+    let stats = restore(repo, snap, &opts, &cairn_core::monitor::NullMonitor).unwrap();
+    (target, stats)
+}
+
 fn pack_path(dir: &std::path::Path, repo: &Repository, blob: &BlobId) -> std::path::PathBuf {
     let pack = repo.index().get(blob).unwrap().pack;
     dir.join(pack.storage_name())
@@ -66,13 +78,7 @@ fn a_blob_whose_pack_is_gone_is_read_from_its_other_copy() {
     let gone = repo.index().get(&blob).unwrap().pack;
     std::fs::remove_file(pack_path(dir.path(), &repo, &blob)).unwrap();
 
-    let target = tempfile::tempdir().unwrap();
-    let opts = cairn_core::ops::restore::RestoreOptions {
-        target: target.path().to_path_buf(),
-        ..Default::default()
-    };
-    let monitor = cairn_core::monitor::NullMonitor;
-    let stats = cairn_core::ops::restore::restore(&repo, &snap, &opts, &monitor).unwrap();
+    let (target, stats) = restore_into(&repo, &snap);
     assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     assert_eq!(std::fs::read(target.path().join("f")).unwrap(), data);
     // Whole, and the user is told which pack lost its copy.
@@ -109,13 +115,7 @@ fn with_both_copies_gone_the_restore_names_the_first() {
     std::fs::remove_file(dir.path().join(other.pack.storage_name())).unwrap();
 
     assert!(repo.read_blob(&blob).is_err());
-    let target = tempfile::tempdir().unwrap();
-    let opts = cairn_core::ops::restore::RestoreOptions {
-        target: target.path().to_path_buf(),
-        ..Default::default()
-    };
-    let monitor = cairn_core::monitor::NullMonitor;
-    let stats = cairn_core::ops::restore::restore(&repo, &snap, &opts, &monitor).unwrap();
+    let (target, stats) = restore_into(&repo, &snap);
     let errors = format!("{:?}", stats.errors);
     assert!(errors.contains(&first.to_string()), "{errors}");
     assert!(!target.path().join("f").exists());

@@ -25,6 +25,15 @@ fn start(dir: &Path) -> SocketAddr {
     rx.recv().expect("the server starts")
 }
 
+/// Repository `repo` of the server at `addr`, through `token`.
+fn open(addr: SocketAddr, repo: &str, token: String) -> std::sync::Arc<dyn cairn_storage::Storage> {
+    let options = OpenOptions {
+        rest_token: Some(token),
+        ..Default::default()
+    };
+    open_with(&format!("rest:http://{addr}/{repo}"), &options).expect("open the REST store")
+}
+
 #[test]
 fn rest_backend_passes_the_storage_suite() {
     let dir = tempfile::tempdir().unwrap();
@@ -34,14 +43,7 @@ fn rest_backend_passes_the_storage_suite() {
         .unwrap();
     access.save(dir.path()).unwrap();
     let addr = start(dir.path());
-    let storage = open_with(
-        &format!("rest:http://{addr}/suite"),
-        &OpenOptions {
-            rest_token: Some(token),
-            ..Default::default()
-        },
-    )
-    .expect("open the REST store");
+    let storage = open(addr, "suite", token);
     testsuite::run_all(storage.as_ref());
     let counts = storage
         .request_counts()
@@ -63,14 +65,7 @@ fn a_refused_upload_is_answered_with_its_reason_not_a_cut_connection() {
     access.repo_quotas.insert("home".into(), 1 << 20);
     access.save(dir.path()).unwrap();
     let addr = start(dir.path());
-    let storage = open_with(
-        &format!("rest:http://{addr}/home"),
-        &OpenOptions {
-            rest_token: Some(token),
-            ..Default::default()
-        },
-    )
-    .expect("open the REST store");
+    let storage = open(addr, "home", token);
     let body = vec![7u8; 16 << 20];
     let hash = blake3::hash(&body).to_hex();
     let name = format!("data/{}/{hash}", &hash[..2]);
@@ -100,14 +95,7 @@ fn short_objects_count_for_a_block_against_the_quota() {
     access.repo_quotas.insert("home".into(), 16 * 4096);
     access.save(dir.path()).unwrap();
     let addr = start(dir.path());
-    let storage = open_with(
-        &format!("rest:http://{addr}/home"),
-        &OpenOptions {
-            rest_token: Some(token),
-            ..Default::default()
-        },
-    )
-    .expect("open the REST store");
+    let storage = open(addr, "home", token);
     let name = |body: &[u8]| {
         let hash = blake3::hash(body).to_hex();
         format!("data/{}/{hash}", &hash[..2])
@@ -165,17 +153,7 @@ fn an_append_token_cannot_add_a_key_file_or_the_config() {
         .unwrap();
     access.save(dir.path()).unwrap();
     let addr = start(dir.path());
-    let open = |token: String| {
-        open_with(
-            &format!("rest:http://{addr}/home"),
-            &OpenOptions {
-                rest_token: Some(token),
-                ..Default::default()
-            },
-        )
-        .expect("open the REST store")
-    };
-    let (laptop, owner) = (open(append), open(maintain));
+    let (laptop, owner) = (open(addr, "home", append), open(addr, "home", maintain));
     let key = b"a key file".as_slice();
     let key_name = format!("keys/{}", blake3::hash(key).to_hex());
     for (name, body) in [(key_name.as_str(), key), ("config", b"{}".as_slice())] {
@@ -206,14 +184,7 @@ fn deleted_session_files_give_back_their_charge() {
     access.repo_quotas.insert("home".into(), 2 * 4096);
     access.save(dir.path()).unwrap();
     let addr = start(dir.path());
-    let storage = open_with(
-        &format!("rest:http://{addr}/home"),
-        &OpenOptions {
-            rest_token: Some(token),
-            ..Default::default()
-        },
-    )
-    .expect("open the REST store");
+    let storage = open(addr, "home", token);
     for i in 0..8u8 {
         let name = format!("sessions/{}", blake3::hash(&[i]).to_hex());
         storage.write(&name, &[i]).expect("within the quota");
