@@ -166,7 +166,10 @@ pub fn http_refusal(config: &S3Config, opted_in: bool) -> Option<String> {
         return None;
     }
     Some(format!(
-        "Refusing plain HTTP to the S3 server {host}: requests would cross the network          unencrypted (access key id, object names and sizes, open to replay). Use          s3:https://{host}/..., or set {ALLOW_HTTP_VAR}=1 to allow plain HTTP to it          (a loopback address needs no opt-in)"
+        "Refusing plain HTTP to the S3 server {host}: requests would cross the network \
+         unencrypted (access key id, object names and sizes, open to replay). Use \
+         s3:https://{host}/..., or set {ALLOW_HTTP_VAR}=1 to allow plain HTTP to it \
+         (a loopback address needs no opt-in)"
     ))
 }
 

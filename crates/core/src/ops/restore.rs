@@ -499,7 +499,9 @@ impl Restorer<'_> {
         }
         let packs: Vec<String> = reads.failed_packs.iter().map(|p| p.to_string()).collect();
         self.stats.warnings.push(format!(
-            "{} blobs were read from another copy: their copy in pack {} is missing or              damaged; what was restored is whole. Run `cairn check --read-data` to see what              is damaged and what mends it",
+            "{} blobs were read from another copy: their copy in pack {} is missing or \
+             damaged; what was restored is whole. Run `cairn check --read-data` to see what \
+             is damaged and what mends it",
             reads.elsewhere,
             packs.join(", pack ")
         ));

@@ -212,14 +212,9 @@ pub(crate) fn fill(
         }
         reads.packs += plan.packs.len() as u64;
         reads.bytes += batch.bytes_read.load(Ordering::Relaxed);
-        let elsewhere = batch
-            .elsewhere
-            .into_inner()
-            .unwrap_or_else(|p| p.into_inner());
-        reads.elsewhere += elsewhere.len() as u64;
-        reads
-            .failed_packs
-            .extend(elsewhere.into_iter().map(|(_, pack)| pack));
+        let failed = (batch.elsewhere.into_inner()).unwrap_or_else(|p| p.into_inner());
+        reads.elsewhere += failed.len() as u64;
+        reads.failed_packs.extend(failed);
     }
     reads
 }
@@ -391,8 +386,8 @@ struct Batch<'a> {
     /// Set when the restore is cancelled or the main thread is gone.
     stop: AtomicBool,
     bytes_read: AtomicU64,
-    /// Blobs read from another place, with the pack of the place that failed.
-    elsewhere: Mutex<Vec<(BlobId, PackId)>>,
+    /// For each blob read from another place, the pack of the place that failed.
+    elsewhere: Mutex<Vec<PackId>>,
     id_check: IdCheck,
 }
 
@@ -471,9 +466,9 @@ impl Batch<'_> {
     fn write_from_elsewhere(&self, blob: &BlobPlan, error: &str) {
         match self.repo.read_blob_elsewhere(&blob.id) {
             Some(plain) => {
-                let mut elsewhere = self.elsewhere.lock().unwrap_or_else(|p| p.into_inner());
-                elsewhere.push((blob.id, blob.loc.pack));
-                drop(elsewhere);
+                let mut failed = self.elsewhere.lock().unwrap_or_else(|p| p.into_inner());
+                failed.push(blob.loc.pack);
+                drop(failed);
                 self.write_blob(blob, Ok(&plain));
             }
             None => self.write_blob(blob, Err(error)),
