@@ -232,6 +232,9 @@ impl PeerSlots {
 
     /// A connection slot for `ip`, if it holds fewer than its share.
     fn take(self: &Arc<Self>, ip: std::net::IpAddr) -> Admit {
+        // An IPv4 client of a dual-stack listener comes as ::ffff:a.b.c.d, whose /64
+        // every IPv4 client shares.
+        let ip = ip.to_canonical();
         if ip.is_loopback() {
             return Admit::Yes(None);
         }
@@ -998,6 +1001,19 @@ mod tests {
             .collect();
         assert!(take("2001:db8::ffff").is_none(), "a /64 is one host");
         assert!(take("2001:db8:0:1::1").is_some(), "another /64 is another");
+        // IPv4 clients of a dual-stack listener are each their own address.
+        let _mapped: Vec<_> = (0..4)
+            .map(|_| take("::ffff:198.51.100.1").unwrap())
+            .collect();
+        assert!(take("::ffff:198.51.100.2").is_some(), "another IPv4 client");
+        assert!(
+            take("198.51.100.1").is_none(),
+            "the same client, however written"
+        );
+        assert!(
+            take("::ffff:127.0.0.1").is_some(),
+            "loopback, however written"
+        );
         let local: Vec<_> = (0..20).map(|_| take("127.0.0.1")).collect();
         assert!(local.iter().all(Option::is_some), "a proxy on this machine");
         held.pop();
