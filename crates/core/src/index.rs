@@ -947,6 +947,34 @@ mod tests {
         assert_eq!(index.len(), 2);
     }
 
+    /// A pack that names a blob at two places (a planted entry beside the true one) and
+    /// says so again: each place is kept once, whatever the order, loaded or added.
+    #[test]
+    fn every_other_place_of_a_blob_is_kept_once_even_two_in_one_pack() {
+        let (a, b) = (PackId([1; 32]), PackId([2; 32]));
+        let places = |index: &Index| {
+            let mut got: Vec<(PackId, u32)> = (index.other_places(&blob(1)))
+                .map(|l| (l.pack, l.offset))
+                .collect();
+            got.sort_by_key(|(p, o)| (p.0, *o));
+            (index.get(&blob(1)).map(|l| (l.pack, l.offset)), got)
+        };
+        let twice = [entry(blob(1), 10), entry(blob(1), 30)];
+        let want = (Some((b, 20)), vec![(a, 10), (a, 30)]);
+        let mut added = Index::default();
+        let mut loaded = IndexBuilder::default();
+        for _ in 0..2 {
+            added.add_pack(a, &twice);
+            added.add_pack(b, &[entry(blob(1), 20)]);
+            added.add_pack(a, &[entry(blob(1), 30), entry(blob(1), 10)]);
+            loaded.add_pack(a, &twice);
+            loaded.add_pack(b, &[entry(blob(1), 20)]);
+            loaded.add_pack(a, &[entry(blob(1), 30), entry(blob(1), 10)]);
+        }
+        assert_eq!(places(&added), want);
+        assert_eq!(places(&loaded.finish()), want);
+    }
+
     #[test]
     fn adding_the_packs_again_after_condemning_moves_blobs_to_live_copies() {
         // What prune does after condemning packs: the blob was located in the pack
