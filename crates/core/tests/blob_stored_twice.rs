@@ -11,22 +11,15 @@ use cairn_core::ops::restore::{restore, RestoreOptions, RestoreStats};
 use cairn_core::pack::BlobKind;
 use cairn_core::snapshot::Snapshot;
 use cairn_core::storage::LocalStorage;
-use cairn_core::tree::{ContentRef, NodeKind, Tree};
+use cairn_core::tree::Tree;
 use cairn_core::Repository;
-use common::{node, restore_whole, snapshot};
+use common::{node, one_blob_file, restore_whole, snapshot};
 
 /// Stores `data` as the one file `f` of a tree, as a backup would; returns the snapshot.
 fn back_up(repo: &mut Repository, data: &[u8]) -> (BlobId, Snapshot) {
     let writer = repo.blob_writer();
     let (blob, _) = writer.add(BlobKind::Data, data).unwrap();
-    let file = NodeKind::File {
-        size: data.len() as u64,
-        content: vec![ContentRef {
-            blob,
-            offset: 0,
-            len: data.len() as u32,
-        }],
-    };
+    let file = one_blob_file(blob, data.len());
     let tree = Tree {
         nodes: vec![node(b"f", file)],
     };

@@ -15,9 +15,9 @@ use cairn_core::monitor::NullMonitor;
 use cairn_core::ops::prune::{prune, PruneOptions};
 use cairn_core::pack::{BlobKind, PackEntry};
 use cairn_core::storage::LocalStorage;
-use cairn_core::tree::{ContentRef, NodeKind, Tree};
+use cairn_core::tree::Tree;
 use cairn_core::Repository;
-use common::{node, snapshot};
+use common::{node, one_blob_file, snapshot};
 
 /// The file's bytes: more than a pack's minimum size and incompressible, so that its
 /// blob fills a pack of its own.
@@ -40,14 +40,7 @@ fn repository(dir: &std::path::Path) -> (Repository, BlobId, PackId) {
     let writer = repo.blob_writer();
     let bytes = contents();
     let (data, _) = writer.add(BlobKind::Data, &bytes).unwrap();
-    let file = NodeKind::File {
-        size: bytes.len() as u64,
-        content: vec![ContentRef {
-            blob: data,
-            offset: 0,
-            len: bytes.len() as u32,
-        }],
-    };
+    let file = one_blob_file(data, bytes.len());
     let tree = Tree {
         nodes: vec![node(b"f", file)],
     };

@@ -13,9 +13,9 @@ use cairn_core::ops::find::{find, FindOptions};
 use cairn_core::ops::restore::{restore, RestoreOptions};
 use cairn_core::pack::BlobKind;
 use cairn_core::snapshot::Snapshot;
-use cairn_core::tree::{ContentRef, NodeKind, Tree};
+use cairn_core::tree::{NodeKind, Tree};
 use cairn_core::Repository;
-use common::{node, repo, snapshot};
+use common::{node, one_blob_file, repo, snapshot};
 
 /// A saved snapshot whose root holds a directory `d` whose tree holds a file named `name`
 /// (sealed by the library's own writer, as a client with the key could). Returns the
@@ -24,14 +24,7 @@ fn crafted(repo: &mut Repository, name: &[u8]) -> (Snapshot, BlobId) {
     let data = b"payload".to_vec();
     let writer = repo.blob_writer();
     let (blob, _) = writer.add(BlobKind::Data, &data).unwrap();
-    let file = NodeKind::File {
-        size: data.len() as u64,
-        content: vec![ContentRef {
-            blob,
-            offset: 0,
-            len: data.len() as u32,
-        }],
-    };
+    let file = one_blob_file(blob, data.len());
     let bad = Tree {
         nodes: vec![node(name, file)],
     };

@@ -472,17 +472,19 @@ fn authorize(
         ));
     }
     if token.rights < needed {
-        return Err(refuse(
-            StatusCode::FORBIDDEN,
-            format!(
-                "the token {} has the right {}; this needs {}",
-                token.name,
-                token.rights.as_str(),
-                needed.as_str()
-            ),
-        ));
+        return Err(lacks_right(token, "this", needed));
     }
     Ok(token.clone())
+}
+
+/// A 403 for `token`, whose rights are below `needed` for `doing` ("deleting NAME").
+fn lacks_right(token: &TokenEntry, doing: &str, needed: Rights) -> Refusal {
+    let (name, has) = (&token.name, token.rights.as_str());
+    let needed = needed.as_str();
+    refuse(
+        StatusCode::FORBIDDEN,
+        format!("the token {name} has the right {has}; {doing} needs {needed}"),
+    )
 }
 
 fn check_name(name: &str) -> std::result::Result<(), Refusal> {
@@ -749,16 +751,8 @@ async fn write_checked(
     // up a repository: the owner makes both, with a maintain token.
     let owners_only = matches!(kind, Some(Kind::Config | Kind::Hashed { dir: "keys", .. }));
     if owners_only && token.rights < Rights::Maintain {
-        return Err(refuse(
-            StatusCode::FORBIDDEN,
-            format!(
-                "the token {} has the right {}; creating {name} needs {} (the owner makes \
-                 the config and key files: `cairn init`, `cairn key add`)",
-                token.name,
-                token.rights.as_str(),
-                Rights::Maintain.as_str()
-            ),
-        ));
+        let doing = format!("creating {name} (the owner's: `cairn init`, `cairn key add`)");
+        return Err(lacks_right(token, &doing, Rights::Maintain));
     }
     let len: u64 = headers
         .get(header::CONTENT_LENGTH)
@@ -914,15 +908,7 @@ fn delete_checked(
         _ => Rights::Admin,
     };
     if token.rights < needed {
-        return Err(refuse(
-            StatusCode::FORBIDDEN,
-            format!(
-                "the token {} has the right {}; deleting {name} needs {}",
-                token.name,
-                token.rights.as_str(),
-                needed.as_str()
-            ),
-        ));
+        return Err(lacks_right(token, &format!("deleting {name}"), needed));
     }
     if let Some(Kind::Hashed {
         dir: "sessions", ..

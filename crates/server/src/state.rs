@@ -124,7 +124,7 @@ impl State {
                 return Err(QuotaExceeded(format!(
                     "the repository {repo} would exceed its quota of {quota} bytes ({repo_used} \
                      used, deleted objects held for the deletion delay included, {len} more \
-                     asked): ask the server's operator for more room (`cairn serve quota`), or \
+                     asked, an object counting for {LEAST_CHARGE} at least): ask the server's operator for more room (`cairn serve quota`), or \
                      forget and prune snapshots"
                 )));
             }
@@ -134,7 +134,8 @@ impl State {
             if token_used.saturating_add(len) > quota {
                 return Err(QuotaExceeded(format!(
                     "the token {} would exceed its quota of {quota} uploaded bytes ({token_used} \
-                     used, {len} more asked): ask the server's operator for a new token",
+                     used, {len} more asked, an object counting for {LEAST_CHARGE} at least): \
+                     ask the server's operator for a new token",
                     token.name
                 )));
             }

@@ -49,6 +49,18 @@ pub fn node(name: &[u8], kind: NodeKind) -> Node {
     }
 }
 
+/// A file `len` bytes long, made of the whole of blob `blob`.
+pub fn one_blob_file(blob: BlobId, len: usize) -> NodeKind {
+    NodeKind::File {
+        size: len as u64,
+        content: vec![cairn_core::tree::ContentRef {
+            blob,
+            offset: 0,
+            len: len as u32,
+        }],
+    }
+}
+
 /// A snapshot of the stored tree `tree`, taken now.
 pub fn snapshot(tree: BlobId) -> Snapshot {
     Snapshot {
