@@ -165,8 +165,8 @@ fn init_copy_chunker_params_makes_a_repository_that_deduplicates_with_the_source
 
     // The same files backed up into the new repository are the same chunks, so a copy
     // afterwards finds all data by id without reading any of it. (Both backups read every
-    // file: small files are bundled by directory among the files a backup reads, and the
-    // source's incremental second snapshot bundled only the changed ones.)
+    // file: small files are bundled among the files a backup reads, and the source's
+    // incremental second snapshot bundled only the changed ones.)
     env.backup(&[&src], &["--force"]);
     let out = other_cmd(&env)
         .args(["backup", "--json"])

@@ -28,12 +28,13 @@ fn small_files_share_blobs_and_restore_exactly() {
     let src = small_files(&env);
     let summary = env.backup(&[&src], &[]);
     assert_eq!(json_u64(&summary, "files_new"), 301);
-    // 300 files of ~2.5 KiB in three directories fit in a few bundles of ~1 MiB.
+    // 300 files of ~2.5 KiB in three directories fit in a bundle or two of 1-2 MiB.
     let blobs = json_u64(&summary, "blobs_added");
     assert!(blobs < 30, "300 small files should share blobs: {summary}");
-    // The big file's chunks and one per bundle.
+    // The big file's chunks (where the keyed chunker cuts 3 MiB: at least one) and one
+    // per bundle.
     let chunks = json_u64(&summary, "chunks");
-    assert!((4..=blobs).contains(&chunks), "{summary}");
+    assert!((2..=blobs).contains(&chunks), "{summary}");
     let target = env.path("restored");
     env.restore("latest", &target, &[]);
     assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);

@@ -162,6 +162,34 @@ fn rewrite_removes_a_path_from_snapshots_and_prune_frees_its_data() {
     assert_snapshot_restores_without(&env, &src, Path::new("keep/id_rsa"));
 }
 
+#[test]
+fn rewrite_frees_a_directory_whose_small_files_shared_blobs_with_other_directories() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    // Small files of neighbouring directories, walked one after the other, share blobs.
+    write_file(&src.join("a/kept.txt"), &random_bytes(100_000, 1));
+    write_file(&src.join("b/secret/key"), &random_bytes(150_000, 2));
+    write_file(&src.join("c/kept.txt"), &random_bytes(100_000, 3));
+    write_file(&src.join("other.txt"), b"other\n");
+    env.backup_id(&[&src], &[]);
+
+    run_ok(&env, &["rewrite", "--exclude", "b/secret", "--forget"]);
+    let out = env.cmd().args(["prune", "--json"]).output().unwrap();
+    assert_success(&out, "prune");
+    let prune = parse_json(&out.stdout, "prune --json");
+    // The secret's bytes are held by no blob a kept file uses.
+    assert!(json_u64(&prune, "bytes_unused") >= 150_000, "{prune}");
+    assert_check_clean(&env, &["--read-data"], "after rewrite and prune");
+    assert_snapshot_restores_without(&env, &src, Path::new("b/secret"));
+    let root = restored_path(&env.path("restored-without"), &src);
+    for kept in ["a/kept.txt", "c/kept.txt"] {
+        assert_eq!(
+            std::fs::read(root.join(kept)).unwrap(),
+            std::fs::read(src.join(kept)).unwrap()
+        );
+    }
+}
+
 /// The latest snapshot restores to `src` less `gone`.
 fn assert_snapshot_restores_without(env: &TestEnv, src: &Path, gone: &Path) {
     let target = env.path("restored-without");

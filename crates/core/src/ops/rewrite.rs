@@ -14,9 +14,10 @@
 //! blobs that a prune may already be freeing. New trees (`rewrite`) go into new packs
 //! under a backup session and pass the commit check, as a backup's do.
 //!
-//! Small files of a directory share blobs (bundles): when `rewrite` removes one, the
-//! kept files' ranges of its bundles move to blobs of their own, so that no kept file
-//! holds on to the removed bytes and `prune` can free them.
+//! Small files share blobs (bundles, across neighbouring directories): when `rewrite`
+//! removes one, the kept files' ranges of its bundles, anywhere in the snapshot, move to
+//! blobs of their own, so that no kept file holds on to the removed bytes and `prune` can
+//! free them.
 
 use std::collections::HashSet;
 use std::os::unix::ffi::OsStrExt;
@@ -164,6 +165,7 @@ pub fn rewrite(
             excludes: &excludes,
             removed: Vec::new(),
             summary: SnapshotSummary::default(),
+            removed_blobs: HashSet::new(),
         };
         let mut walk = || -> Result<()> {
             for (i, (id, old)) in selected.iter().enumerate() {
@@ -173,6 +175,8 @@ pub fn rewrite(
                 }
                 pruner.removed.clear();
                 pruner.summary = SnapshotSummary::default();
+                pruner.removed_blobs.clear();
+                pruner.find_removed_blobs(&old.tree, Path::new("/"), false)?;
                 let tree = pruner.tree(&old.tree, Path::new("/"))?;
                 let Some(tree) = tree else {
                     report.unchanged.push(*id);
@@ -294,26 +298,41 @@ struct Pruner<'a, 'w> {
     removed: Vec<String>,
     /// Of what is kept.
     summary: SnapshotSummary,
+    /// Blobs holding bytes of a file left out of this snapshot.
+    removed_blobs: HashSet<BlobId>,
 }
 
 impl Pruner<'_, '_> {
+    /// Adds to `removed_blobs` the blobs of the files the patterns leave out below tree
+    /// `id` (at `path`), or of every file below it if `all`. Before any tree is changed:
+    /// a bundle holds small files of neighbouring directories (see `ops::backup`), so a
+    /// kept file anywhere in the snapshot may share a blob with a removed one.
+    fn find_removed_blobs(&mut self, id: &BlobId, path: &Path, all: bool) -> Result<()> {
+        let tree = self.repo.read_tree(id)?;
+        for node in &tree.nodes {
+            let child = path.join(std::ffi::OsStr::from_bytes(&node.name));
+            let removed = all || self.excludes.matches(&child);
+            match &node.kind {
+                NodeKind::File { content, .. } if removed => {
+                    self.removed_blobs.extend(content.iter().map(|c| c.blob));
+                }
+                NodeKind::Dir { subtree } => self.find_removed_blobs(subtree, &child, removed)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// The id of tree `id` (at `path`) without the excluded entries, or `None` if nothing
     /// below it is excluded.
     fn tree(&mut self, id: &BlobId, path: &Path) -> Result<Option<BlobId>> {
         let tree = self.repo.read_tree(id)?;
         let mut changed = false;
         let mut kept = Vec::with_capacity(tree.nodes.len());
-        // Blobs holding a removed file's bytes: small files of one directory share
-        // bundles, and a kept file's range of one must move to a blob of its own, or the
-        // removed bytes would stay in the repository for as long as the kept file.
-        let mut removed_blobs = HashSet::new();
         for node in tree.nodes {
             let child: PathBuf = path.join(std::ffi::OsStr::from_bytes(&node.name));
             if self.excludes.matches(&child) {
                 self.removed.push(child.to_string_lossy().into_owned());
-                if let NodeKind::File { content, .. } = &node.kind {
-                    removed_blobs.extend(content.iter().map(|c| c.blob));
-                }
                 changed = true;
                 continue;
             }
@@ -332,8 +351,11 @@ impl Pruner<'_, '_> {
                 NodeKind::File { size, content } => {
                     self.summary.files += 1;
                     self.summary.total_bytes += *size;
+                    // A kept file's range of a blob with removed bytes moves to a blob
+                    // of its own, or the removed bytes would stay in the repository
+                    // for as long as the kept file.
                     for part in content.iter_mut() {
-                        if removed_blobs.contains(&part.blob) && self.split_off(part)? {
+                        if self.removed_blobs.contains(&part.blob) && self.split_off(part)? {
                             changed = true;
                         }
                     }
