@@ -1348,9 +1348,11 @@ const MAX_BUNDLE_DIRS: u64 = 64;
 /// Groups small files, in the order the walk reads them across directories, into
 /// bundles: a bundle ends after a file whose name's keyed hash says so (one in
 /// [`CUT_ODDS`]) once it holds the average chunk size, before twice that, and after
-/// [`MAX_BUNDLE_DIRS`] directories. The ends depend on the files' names and sizes only,
-/// so a copy of a tree is bundled the same, and a file added or changed shifts the
-/// bundles only up to the next end by name.
+/// [`MAX_BUNDLE_DIRS`] directories. The ends depend on the files' names and sizes (and
+/// the directories walked) only, so a copy of a tree is bundled the same, and a file
+/// added or changed shifts the bundles only up to the next end by name (where
+/// directories hold few small files, the directory limit ends bundles, and a directory
+/// added shifts those that follow).
 ///
 /// Linux 6.1's small files (`bench/compare.sh`'s tree) compressed by `zstd -3` and padded
 /// as cairn pads (a scratch script): 195.5 MB in bundles of one directory each, 189.5 MB
@@ -1364,7 +1366,7 @@ struct Bundler {
     bytes: u64,
     /// The directories of `files`, each once, in walk order.
     dirs: Vec<u64>,
-    /// Directories entered since the bundle's first file.
+    /// Directories entered since the bundle's first file's.
     spanned: u64,
 }
 
@@ -1386,7 +1388,7 @@ impl Bundler {
             return false;
         }
         self.spanned += 1;
-        self.spanned > MAX_BUNDLE_DIRS
+        self.spanned >= MAX_BUNDLE_DIRS
     }
 
     /// Whether files of directory `dir` are in the bundle.

@@ -168,6 +168,12 @@ pub fn rewrite(
             removed_blobs: HashSet::new(),
         };
         let mut walk = || -> Result<()> {
+            // The removed files' blobs of every selected snapshot first: a later snapshot
+            // whose kept file shares a bundle with a file removed from an earlier one
+            // (deleted from disk in between) must let go of that bundle too.
+            for (_, old) in selected.iter() {
+                pruner.find_removed_blobs(&old.tree, Path::new("/"), false)?;
+            }
             for (i, (id, old)) in selected.iter().enumerate() {
                 monitor.progress("snapshots", i as u64, selected.len() as u64);
                 if monitor.cancelled() {
@@ -175,8 +181,6 @@ pub fn rewrite(
                 }
                 pruner.removed.clear();
                 pruner.summary = SnapshotSummary::default();
-                pruner.removed_blobs.clear();
-                pruner.find_removed_blobs(&old.tree, Path::new("/"), false)?;
                 let tree = pruner.tree(&old.tree, Path::new("/"))?;
                 let Some(tree) = tree else {
                     report.unchanged.push(*id);
@@ -298,7 +302,7 @@ struct Pruner<'a, 'w> {
     removed: Vec<String>,
     /// Of what is kept.
     summary: SnapshotSummary,
-    /// Blobs holding bytes of a file left out of this snapshot.
+    /// Blobs holding bytes of a file left out of any of the snapshots.
     removed_blobs: HashSet<BlobId>,
 }
 
@@ -306,7 +310,7 @@ impl Pruner<'_, '_> {
     /// Adds to `removed_blobs` the blobs of the files the patterns leave out below tree
     /// `id` (at `path`), or of every file below it if `all`. Before any tree is changed:
     /// a bundle holds small files of neighbouring directories (see `ops::backup`), so a
-    /// kept file anywhere in the snapshot may share a blob with a removed one.
+    /// kept file anywhere in the snapshots may share a blob with a removed one.
     fn find_removed_blobs(&mut self, id: &BlobId, path: &Path, all: bool) -> Result<()> {
         let tree = self.repo.read_tree(id)?;
         for node in &tree.nodes {
