@@ -363,9 +363,12 @@ render() {
       table("init", "init")
       table("backup1", "first backup (page cache dropped first)")
       if (("backup1", "plain parallel read and write") in wall && best1 != "" && best1 > 0)
-        printf "%splain parallel read of the tree with the smallest repository written durably beside it / best other first backup: %.2f%s (above 0.5, half the best other is below what this disk allows)\n",
+        printf "%splain parallel read of the tree with the smallest repository written durably beside it / best other first backup: %.2f%s (%s)\n",
           fmt == "md" ? "\n" : "  ", wall["backup1", "plain parallel read and write"] / best1,
-          fmt == "md" ? "×" : "x"
+          fmt == "md" ? "×" : "x",
+          (wall["backup1", "plain parallel read and write"] / best1 > 0.5 ? \
+            "above 0.5: half the best other is below what this disk allows" : \
+            "at most 0.5: this disk allows half the best other")
       table("backup2", "unchanged second backup")
       # (A walk under 10 ms, as of the 2,000 files of the mixed corpus, rounds to 0: no ratio.)
       if (("backup2", "plain parallel walk") in wall && ("backup2", "cairn") in wall &&

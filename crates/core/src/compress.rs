@@ -159,7 +159,7 @@ impl Compressor {
 /// The compressor's output buffer is kept up to this size: the bound of zstd's output for
 /// the largest bundle of small files (2 MiB, `ops::backup`), with room to spare. With up
 /// to 4 MiB kept, peak RSS of a backup of the mixed corpus rose by 7 MiB once its disk
-/// images' chunks were compressed (85-87 MiB against 79-80 with 2 MiB).
+/// images' chunks were compressed (83-85 MiB against 77-78 with 2 MiB).
 const KEEP_OUT: usize = (2 << 20) + (64 << 10);
 
 /// Blobs at least this large are probed before compressing.

@@ -1269,8 +1269,9 @@ impl Archiver<'_> {
         })
     }
 
-    /// Whether a bundle may end after a file named `name` (one name in [`CUT_ODDS`]),
-    /// by a hash keyed as blob ids are: the bundles' padded sizes tell nothing of it.
+    /// Whether a bundle may end after a file named `name` (one name in [`CUT_ODDS`]). The
+    /// hash is keyed as blob ids are, so where bundles end (their sizes show it, padded)
+    /// tells whoever lacks the key nothing about names.
     fn ends_bundle(&self, name: &[u8]) -> bool {
         self.repo.key().blob_id(name).0[0].is_multiple_of(CUT_ODDS)
     }
@@ -1356,7 +1357,8 @@ const MAX_BUNDLE_DIRS: u64 = 64;
 ///
 /// Linux 6.1's small files (`bench/compare.sh`'s tree) compressed by `zstd -3` and padded
 /// as cairn pads (a scratch script): 195.5 MB in bundles of one directory each, 189.5 MB
-/// so, 187.2 MB in bundles of a fixed 2 MiB (which a file added shifts to the end).
+/// so, 187.2 MB in bundles of a fixed 2 MiB (ends by size alone, which a file added can
+/// shift through the rest of the tree).
 struct Bundler {
     /// Files below this size are bundled: the chunker would not cut them anyway.
     small: u64,
