@@ -124,8 +124,9 @@ impl State {
                 return Err(QuotaExceeded(format!(
                     "the repository {repo} would exceed its quota of {quota} bytes ({repo_used} \
                      used, deleted objects held for the deletion delay included, {len} more \
-                     asked, an object counting for {LEAST_CHARGE} at least): ask the server's operator for more room (`cairn serve quota`), or \
-                     forget and prune snapshots"
+                     asked, an object counting for {LEAST_CHARGE} bytes at least): ask the \
+                     server's operator for more room (`cairn serve quota`), or forget and \
+                     prune snapshots"
                 )));
             }
         }
@@ -134,7 +135,7 @@ impl State {
             if token_used.saturating_add(len) > quota {
                 return Err(QuotaExceeded(format!(
                     "the token {} would exceed its quota of {quota} uploaded bytes ({token_used} \
-                     used, {len} more asked, an object counting for {LEAST_CHARGE} at least): \
+                     used, {len} more asked, an object counting for {LEAST_CHARGE} bytes at least): \
                      ask the server's operator for a new token",
                     token.name
                 )));

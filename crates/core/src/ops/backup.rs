@@ -1346,10 +1346,14 @@ const CUT_ODDS: u8 = 8;
 /// bundle still being filled (except at the end, which sends it).
 const MAX_BUNDLE_DIRS: u64 = 64;
 
+/// Files a bundle may hold: empty and tiny files never fill one, and each waits in the
+/// bundle with its path and result channel until it is sent.
+const MAX_BUNDLE_FILES: usize = 4096;
+
 /// Groups small files, in the order the walk reads them across directories, into
 /// bundles: a bundle ends after a file whose name's keyed hash says so (one in
 /// [`CUT_ODDS`]) once it holds the average chunk size, before twice that, and after
-/// [`MAX_BUNDLE_DIRS`] directories. The ends depend on the files' names and sizes (and
+/// [`MAX_BUNDLE_DIRS`] directories or [`MAX_BUNDLE_FILES`] files. The ends depend on the files' names and sizes (and
 /// the directories walked) only, so a copy of a tree is bundled the same, and a file
 /// added or changed shifts the bundles only up to the next end by name (where
 /// directories hold few small files, the directory limit ends bundles, and a directory
@@ -1417,7 +1421,8 @@ impl Bundler {
         if self.dirs.last() != Some(&dir) {
             self.dirs.push(dir);
         }
-        if full.is_none() && cut && self.bytes >= self.target {
+        let ends = (cut && self.bytes >= self.target) || self.files.len() >= MAX_BUNDLE_FILES;
+        if full.is_none() && ends {
             return self.finish();
         }
         full
@@ -1487,6 +1492,29 @@ mod tests {
             all,
             files.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn tiny_files_end_bundles_by_directories_and_empty_ones_by_count() {
+        // A file of 100 bytes in each directory: 64 directories to a bundle, no more.
+        let tiny: Vec<(String, u64)> = (0..200).map(|i| (format!("t{i}"), 100)).collect();
+        let sizes: Vec<usize> = bundles(&tiny).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [64, 64, 64, 8]);
+        // Empty files of one directory: 4,096 to a bundle.
+        let params = ChunkerParams::new(64 << 10, 256 << 10, 1 << 20).unwrap();
+        let mut bundler = Bundler::new(params);
+        let (results, _rx) = crossbeam_channel::unbounded();
+        let mut sent = Vec::new();
+        for i in 0..10_000 {
+            let to = ResultSlot {
+                results: results.clone(),
+                slot: i,
+            };
+            if let Some(Work::Bundle(files)) = bundler.add(to, PathBuf::from("e"), 0, 0, true) {
+                sent.push(files.len());
+            }
+        }
+        assert_eq!(sent, [MAX_BUNDLE_FILES, MAX_BUNDLE_FILES]);
     }
 
     #[test]

@@ -212,7 +212,10 @@ pub(crate) fn fill(
         }
         reads.packs += plan.packs.len() as u64;
         reads.bytes += batch.bytes_read.load(Ordering::Relaxed);
-        let failed = (batch.elsewhere.into_inner()).unwrap_or_else(|p| p.into_inner());
+        let failed = batch
+            .elsewhere
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner());
         reads.elsewhere += failed.len() as u64;
         reads.failed_packs.extend(failed);
     }
