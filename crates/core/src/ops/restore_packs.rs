@@ -170,7 +170,6 @@ pub(crate) fn fill(
             monitor,
             done,
             files: plan.files,
-            next: AtomicUsize::new(0),
             open_files: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             bytes_read: AtomicU64::new(0),
@@ -190,17 +189,22 @@ pub(crate) fn fill(
                 batch.finish(i);
             }
         }
-        // The reads in pack order; threads take them in turn, so that the small files
-        // of one pack are written on every core.
+        // The reads in pack order, a stretch of them for each thread.
         let remote = repo.storage().is_remote();
         let planned: Vec<(PackId, &[BlobPlan])> = plan
             .packs
             .iter()
             .flat_map(|p| runs(&p.blobs, max_gap(remote), max_read(remote)).map(|r| (p.pack, r)))
             .collect();
+        let threads = threads.min(planned.len());
+        let stretches = Stretches::new(
+            planned.iter().map(|(_, run)| span(run).map_or(0, |s| s.1)),
+            threads,
+        );
         std::thread::scope(|s| {
-            for _ in 0..threads.min(planned.len()) {
-                s.spawn(|| batch.work(&planned));
+            for own in 0..threads {
+                let (batch, planned, stretches) = (&batch, &planned, &stretches);
+                s.spawn(move || batch.work(planned, stretches, own));
             }
         });
         // Parts not written (an interrupted restore) leave their files unfinished.
@@ -223,6 +227,68 @@ pub(crate) fn fill(
 }
 
 /// A writer thread's buffers: the bytes it read from a pack, and a blob decompressed.
+/// A batch's reads cut into one stretch of neighbouring reads for each thread, of about
+/// equal bytes. A thread takes its own stretch front to back, then the back half of the
+/// stretch with the most reads left. So threads mostly write different files and
+/// directories at a time: ext4 holds a file's lock for each write into it and a
+/// directory's for each name made in it, and threads taking neighbouring reads in turn
+/// queued on the one file they all wrote. Each thread also reads its packs front to back,
+/// as the kernel reads ahead. The mixed corpus of bench/compare.sh (large files) restored
+/// in 1.00-1.09 s against 1.05-1.25 s with reads taken in turn (5 each, alternating,
+/// caches dropped), the 2 cores about 85% busy against 70%; the Linux tree as before.
+struct Stretches(Mutex<Vec<std::ops::Range<usize>>>);
+
+impl Stretches {
+    /// Stretches over reads of these sizes, `n` of them (fewer when there are fewer reads).
+    fn new(sizes: impl ExactSizeIterator<Item = u64>, n: usize) -> Stretches {
+        let sizes: Vec<u64> = sizes.collect();
+        let total: u64 = sizes.iter().sum();
+        let n = n.clamp(1, sizes.len().max(1));
+        let mut stretches = Vec::with_capacity(n);
+        let (mut start, mut bytes) = (0, 0u64);
+        for (i, size) in sizes.iter().enumerate() {
+            bytes += size;
+            // Stretch k ends once it reaches (k + 1) / n of the bytes, leaving at least a
+            // read for each stretch after it.
+            let k = stretches.len() as u64;
+            let left = sizes.len() - (i + 1);
+            if stretches.len() + 1 < n
+                && (bytes * n as u64 >= total * (k + 1) || left < n - stretches.len())
+            {
+                stretches.push(start..i + 1);
+                start = i + 1;
+            }
+        }
+        stretches.push(start..sizes.len());
+        Stretches(Mutex::new(stretches))
+    }
+
+    /// The next read for the thread of stretch `own`, if any is left.
+    fn take(&self, own: usize) -> Option<usize> {
+        let mut stretches = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if stretches.get(own)?.is_empty() {
+            let (most, left) = stretches
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (i, s.len()))
+                .max_by_key(|&(_, len)| len)?;
+            if left == 0 {
+                return None;
+            }
+            let from = &mut stretches[most];
+            let middle = from.end - left / 2;
+            let back = if left == 1 {
+                from.clone()
+            } else {
+                middle..from.end
+            };
+            from.end = back.start;
+            stretches[own] = back;
+        }
+        stretches[own].next()
+    }
+}
+
 #[derive(Default)]
 struct Buffers {
     read: Vec<u8>,
@@ -383,8 +449,6 @@ struct Batch<'a> {
     monitor: &'a dyn Monitor,
     done: &'a Sender<FileDone>,
     files: Vec<FileState>,
-    /// The next read of the plan to take.
-    next: AtomicUsize,
     open_files: AtomicUsize,
     /// Set when the restore is cancelled or the main thread is gone.
     stop: AtomicBool,
@@ -395,8 +459,9 @@ struct Batch<'a> {
 }
 
 impl Batch<'_> {
-    /// Takes reads until none is left, writing their blobs.
-    fn work(&self, reads: &[(PackId, &[BlobPlan])]) {
+    /// Takes reads until none is left, writing their blobs: those of stretch `own`
+    /// first.
+    fn work(&self, reads: &[(PackId, &[BlobPlan])], stretches: &Stretches, own: usize) {
         // The thread's buffers for what it reads and decompresses, kept from one read to
         // the next.
         let mut buffers = Buffers::default();
@@ -407,7 +472,7 @@ impl Batch<'_> {
             if self.stop.load(Ordering::Relaxed) {
                 return;
             }
-            let Some((pack, blobs)) = reads.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
+            let Some((pack, blobs)) = stretches.take(own).and_then(|i| reads.get(i)) else {
                 return;
             };
             self.read_run(*pack, blobs, &mut buffers);
@@ -1002,5 +1067,52 @@ mod tests {
         let mut back = vec![9u8; 2 * SPARSE_BLOCK];
         file.read_exact_at(&mut back, 8192).unwrap();
         assert_eq!(back, data[..2 * SPARSE_BLOCK]);
+    }
+
+    fn ranges(stretches: &Stretches) -> Vec<std::ops::Range<usize>> {
+        stretches.0.lock().unwrap().clone()
+    }
+
+    #[test]
+    fn stretches_hold_about_equal_bytes_and_every_thread_gets_one() {
+        let sizes = [1u64, 1, 1, 1, 10, 1, 1, 1, 1, 2];
+        assert_eq!(ranges(&Stretches::new(sizes.into_iter(), 2)), [0..5, 5..10]);
+        // One read larger than a stretch's share still leaves a read for each thread.
+        assert_eq!(
+            ranges(&Stretches::new([100u64, 1, 1, 1].into_iter(), 3)),
+            [0..1, 1..2, 2..4]
+        );
+        // More threads than reads: a stretch for each read.
+        assert_eq!(
+            ranges(&Stretches::new([5u64, 5].into_iter(), 4)),
+            [0..1, 1..2]
+        );
+        let none = ranges(&Stretches::new([0u64; 0].into_iter(), 4));
+        assert!(none.len() == 1 && none[0].is_empty());
+    }
+
+    #[test]
+    fn a_thread_done_with_its_stretch_takes_the_back_half_of_the_longest() {
+        let stretches = Stretches::new([1u64; 12].into_iter(), 3);
+        assert_eq!(ranges(&stretches), [0..4, 4..8, 8..12]);
+        let mut taken = Vec::new();
+        for _ in 0..4 {
+            taken.extend(stretches.take(0));
+        }
+        assert_eq!(taken, [0, 1, 2, 3]);
+        taken.extend(stretches.take(2));
+        // Thread 0 is done with its own: it takes the back half of thread 1's (4..8),
+        // the longest left, and thread 1 keeps the front.
+        let stolen = stretches.take(0);
+        assert_eq!(stolen, Some(6));
+        taken.extend(stolen);
+        assert_eq!(ranges(&stretches), [7..8, 4..6, 9..12]);
+        // Every read is taken once, whoever takes it.
+        for own in (0..3).cycle().take(40) {
+            taken.extend(stretches.take(own));
+        }
+        taken.sort_unstable();
+        assert_eq!(taken, (0..12).collect::<Vec<_>>());
+        assert_eq!(stretches.take(1), None);
     }
 }
