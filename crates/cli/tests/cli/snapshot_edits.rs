@@ -194,6 +194,53 @@ fn rewrite_frees_a_directory_whose_small_files_shared_blobs_with_other_directori
     }
 }
 
+#[test]
+fn rewrite_keeps_the_other_small_files_of_a_removed_files_bundle_in_one_blob() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    let kept: Vec<String> = (0..40).map(|i| format!("d{}/f{i}.txt", i % 4)).collect();
+    for (i, name) in kept.iter().enumerate() {
+        write_file(&src.join(name), &random_bytes(2_000, 10 + i as u64));
+    }
+    write_file(&src.join("d1/secret.txt"), &random_bytes(3_000, 99));
+    write_file(&src.join("other.txt"), b"other\n");
+    env.backup_id(&[&src], &[]);
+    let data_blobs = || {
+        let stats = parse_json(
+            run_ok(&env, &["stats", "latest", "--json"]).as_bytes(),
+            "stats",
+        );
+        json_u64(&stats["data"], "blobs")
+    };
+    let before = data_blobs();
+    assert!(
+        before <= 2,
+        "the small files share bundles: {before} data blobs"
+    );
+
+    run_ok(&env, &["rewrite", "--exclude", "d1/secret.txt", "--forget"]);
+    // A blob for each kept file would be 41.
+    let after = data_blobs();
+    assert!(
+        after <= before,
+        "{after} data blobs after the rewrite, {before} before"
+    );
+    let out = env.cmd().args(["prune", "--json"]).output().unwrap();
+    assert_success(&out, "prune");
+    let prune = parse_json(&out.stdout, "prune --json");
+    assert!(json_u64(&prune, "bytes_unused") >= 3_000, "{prune}");
+    assert_check_clean(&env, &["--read-data"], "after rewrite and prune");
+    assert_snapshot_restores_without(&env, &src, Path::new("d1/secret.txt"));
+    let root = restored_path(&env.path("restored-without"), &src);
+    for name in &kept {
+        assert_eq!(
+            std::fs::read(root.join(name)).unwrap(),
+            std::fs::read(src.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+}
+
 /// The latest snapshot restores to `src` less `gone`.
 fn assert_snapshot_restores_without(env: &TestEnv, src: &Path, gone: &Path) {
     let target = env.path("restored-without");

@@ -15,11 +15,11 @@
 //! under a backup session and pass the commit check, as a backup's do.
 //!
 //! Small files share blobs (bundles, across neighbouring directories): when `rewrite`
-//! removes one, the kept files' ranges of its bundles, anywhere in the snapshot, move to
-//! blobs of their own, so that no kept file holds on to the removed bytes and `prune` can
-//! free them.
+//! removes one, the kept files' ranges of its bundles, anywhere in the snapshots, move to
+//! a new bundle for each old one, so that no kept file holds on to the removed bytes and
+//! `prune` can free them, while the kept files stay compressed together.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -33,7 +33,7 @@ use crate::pack::BlobKind;
 use crate::repo::Repository;
 use crate::session::{Session, SessionKind};
 use crate::snapshot::{Snapshot, SnapshotSummary};
-use crate::tree::{ContentRef, NodeKind, Tree};
+use crate::tree::{NodeKind, Tree};
 use crate::writer::BlobWriter;
 
 /// How `tag` changes a snapshot's tags: `set` replaces them all, then `remove` and `add`.
@@ -166,6 +166,8 @@ pub fn rewrite(
             removed: Vec::new(),
             summary: SnapshotSummary::default(),
             removed_blobs: HashSet::new(),
+            kept_parts: BTreeMap::new(),
+            moved: HashMap::new(),
         };
         let mut walk = || -> Result<()> {
             // The removed files' blobs of every selected snapshot first: a later snapshot
@@ -174,6 +176,7 @@ pub fn rewrite(
             for (_, old) in selected.iter() {
                 pruner.find_removed_blobs(&old.tree, Path::new("/"), false)?;
             }
+            pruner.regroup()?;
             for (i, (id, old)) in selected.iter().enumerate() {
                 monitor.progress("snapshots", i as u64, selected.len() as u64);
                 if monitor.cancelled() {
@@ -304,13 +307,19 @@ struct Pruner<'a, 'w> {
     summary: SnapshotSummary,
     /// Blobs holding bytes of a file left out of any of the snapshots.
     removed_blobs: HashSet<BlobId>,
+    /// The ranges of blobs that kept files hold a part of, not the whole (of bundles).
+    kept_parts: BTreeMap<BlobId, BTreeSet<(u32, u32)>>,
+    /// Where each kept range of a blob in `removed_blobs` moved: (blob, offset, length)
+    /// to the new blob and the offset in it.
+    moved: HashMap<(BlobId, u32, u32), (BlobId, u32)>,
 }
 
 impl Pruner<'_, '_> {
     /// Adds to `removed_blobs` the blobs of the files the patterns leave out below tree
-    /// `id` (at `path`), or of every file below it if `all`. Before any tree is changed:
-    /// a bundle holds small files of neighbouring directories (see `ops::backup`), so a
-    /// kept file anywhere in the snapshots may share a blob with a removed one.
+    /// `id` (at `path`), or of every file below it if `all`, and to `kept_parts` the
+    /// ranges of bundles the other files hold. Before any tree is changed: a bundle
+    /// holds small files of neighbouring directories (see `ops::backup`), so a kept file
+    /// anywhere in the snapshots may share a blob with a removed one.
     fn find_removed_blobs(&mut self, id: &BlobId, path: &Path, all: bool) -> Result<()> {
         let tree = self.repo.read_tree(id)?;
         for node in &tree.nodes {
@@ -320,9 +329,49 @@ impl Pruner<'_, '_> {
                 NodeKind::File { content, .. } if removed => {
                     self.removed_blobs.extend(content.iter().map(|c| c.blob));
                 }
+                NodeKind::File { content, .. } => {
+                    let index = self.repo.index();
+                    for part in content {
+                        let whole = part.offset == 0
+                            && index.get(&part.blob).map(|l| l.raw_length) == Some(part.len);
+                        if !whole {
+                            let ranges = self.kept_parts.entry(part.blob).or_default();
+                            ranges.insert((part.offset, part.len));
+                        }
+                    }
+                }
                 NodeKind::Dir { subtree } => self.find_removed_blobs(subtree, &child, removed)?,
                 _ => {}
             }
+        }
+        Ok(())
+    }
+
+    /// Copies the kept ranges of each blob in `removed_blobs` into a new blob, in their
+    /// order, and notes in `moved` where each went. A whole blob a kept file holds stays
+    /// (the removed file held the same bytes).
+    fn regroup(&mut self) -> Result<()> {
+        for (old, ranges) in std::mem::take(&mut self.kept_parts) {
+            if !self.removed_blobs.contains(&old) {
+                continue;
+            }
+            let blob = self.repo.read_blob_shared(&old)?;
+            let mut bytes = Vec::new();
+            let mut placed = Vec::with_capacity(ranges.len());
+            for (offset, len) in ranges {
+                let (start, end) = (offset as usize, offset as usize + len as usize);
+                let Some(range) = blob.get(start..end) else {
+                    return Err(Error::InvalidInput(format!(
+                        "blob {old} is shorter than a file's part of it ({len} bytes at {start})"
+                    )));
+                };
+                // Within the new blob's u32 offsets: its ranges were in one blob.
+                placed.push(((old, offset, len), bytes.len() as u32));
+                bytes.extend_from_slice(range);
+            }
+            let new = self.store(BlobKind::Data, bytes)?;
+            self.moved
+                .extend(placed.into_iter().map(|(from, at)| (from, (new, at))));
         }
         Ok(())
     }
@@ -355,11 +404,14 @@ impl Pruner<'_, '_> {
                 NodeKind::File { size, content } => {
                     self.summary.files += 1;
                     self.summary.total_bytes += *size;
-                    // A kept file's range of a blob with removed bytes moves to a blob
-                    // of its own, or the removed bytes would stay in the repository
-                    // for as long as the kept file.
+                    // A kept file's range of a blob with removed bytes moves (see
+                    // `regroup`), or the removed bytes would stay in the repository for
+                    // as long as the kept file.
                     for part in content.iter_mut() {
-                        if self.removed_blobs.contains(&part.blob) && self.split_off(part)? {
+                        if let Some(&(blob, offset)) =
+                            self.moved.get(&(part.blob, part.offset, part.len))
+                        {
+                            (part.blob, part.offset) = (blob, offset);
                             changed = true;
                         }
                     }
@@ -372,25 +424,6 @@ impl Pruner<'_, '_> {
             return Ok(None);
         }
         Ok(Some(self.store(BlobKind::Tree, Tree { nodes }.to_bytes())?))
-    }
-
-    /// Moves `part`, a range of a blob that also held removed bytes, to a blob of its
-    /// own; whether it moved (not when it is the whole blob).
-    fn split_off(&mut self, part: &mut ContentRef) -> Result<bool> {
-        let blob = self.repo.read_blob_shared(&part.blob)?;
-        let (start, len) = (part.offset as usize, part.len as usize);
-        let Some(bytes) = blob.get(start..start + len) else {
-            return Err(Error::InvalidInput(format!(
-                "blob {} is shorter than a file's part of it ({len} bytes at {start})",
-                part.blob
-            )));
-        };
-        if len == blob.len() {
-            return Ok(false);
-        }
-        part.blob = self.store(BlobKind::Data, bytes.to_vec())?;
-        part.offset = 0;
-        Ok(true)
     }
 
     /// Stores a blob, or in a dry run only names it.
