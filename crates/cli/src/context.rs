@@ -138,8 +138,10 @@ pub fn open_other_without_index(
             )?,
         },
     };
-    Repository::open_without_index(storage_at(&loc)?, credentials(&password))
-        .with_context(|| format!("Cannot open the repository {spec}"))
+    let mut repo = Repository::open_without_index(storage_at(&loc)?, credentials(&password))
+        .with_context(|| format!("Cannot open the repository {spec}"))?;
+    warn_when_read_around(&mut repo, spec);
+    Ok(repo)
 }
 
 /// Where this client keeps what it remembers of each repository (the key file that opened
@@ -510,13 +512,39 @@ fn open_repository_keyed(global: &GlobalArgs) -> Result<(Repository, Option<Path
             prompt("Repository password: ", false)?
         }
     };
-    let repo = match Repository::open_without_index(storage, credentials(&password)) {
+    let mut repo = match Repository::open_without_index(storage, credentials(&password)) {
         Err(e @ cairn_core::Error::WrongPassword { .. }) => {
             return Err(anyhow::Error::new(e).context(format!("The password came from {source}")))
         }
         other => other?,
     };
+    warn_when_read_around(&mut repo, &loc.path.display().to_string());
     Ok((repo, by_default_key))
+}
+
+/// Warns on standard error, once per pack, when a blob of `repo` is read from another
+/// copy than its place in the index: the command goes on with a whole copy, and the user
+/// learns that the repository needs a check.
+fn warn_when_read_around(repo: &mut Repository, name: &str) {
+    let warned = Mutex::new(std::collections::HashSet::new());
+    let name = name.to_string();
+    repo.on_read_around(Box::new(move |id, pack, error| {
+        let first = warned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pack);
+        if first {
+            eprintln!(
+                "warning: {}",
+                crate::output::message(&format!(
+                    "blob {id} was read from another copy: its copy in pack {pack} of the \
+                     repository {name} is missing or damaged ({}). What was read is whole. \
+                     Run `cairn check --read-data` to see what is damaged and what mends it",
+                    cairn_core::error::chain(error)
+                ))
+            );
+        }
+    }));
 }
 
 fn read_default_key(key: &Path, repo: &Path) -> Result<String> {

@@ -81,7 +81,14 @@ pub struct Repository {
     access: Access,
     /// A write-only key's memory of its own packs, trees and snapshots.
     writer_cache: Option<WriterCache>,
+    /// Told of each blob read from another copy because its place in the index failed.
+    on_read_around: Option<Box<ReadAround>>,
 }
+
+/// Told that blob `id` was read from another copy than its place in the index, in pack
+/// `pack`, because reading that place failed with the error: what was read is right, but
+/// the copy prune keeps is missing or damaged (`check --read-data` finds out more).
+pub type ReadAround = dyn Fn(&BlobId, PackId, &Error) + Send + Sync;
 
 /// All readable snapshots, oldest first, and the ones that could not be read.
 pub struct SnapshotList {
@@ -163,8 +170,16 @@ impl Repository {
             recent_blobs: RecentBlobs::default(),
             pack_ends: std::sync::OnceLock::new(),
             writer_cache: None,
+            on_read_around: None,
             access,
         }
+    }
+
+    /// Calls `report` for every blob read from another copy than its place in the index
+    /// (see [`ReadAround`]). Readers go on with the other copy, which is whole; the report
+    /// is so that the user learns of the damage.
+    pub fn on_read_around(&mut self, report: Box<ReadAround>) {
+        self.on_read_around = Some(report);
     }
 
     /// Opens a repository with `credentials` (a password, at least) and loads its index.
@@ -510,10 +525,19 @@ impl Repository {
             .get(id)
             .ok_or(Error::BlobNotInIndex { id: *id })?;
         let first = self.read_sealed_at(id, &loc);
-        if first.is_ok() || !elsewhere {
-            return first;
+        let Err(error) = first else { return first };
+        if !elsewhere {
+            return Err(error);
         }
-        self.read_sealed_elsewhere(id).map_or(first, Ok)
+        match self.read_sealed_elsewhere(id) {
+            Some(found) => {
+                if let Some(report) = &self.on_read_around {
+                    report(id, loc.pack, &error);
+                }
+                Ok(found)
+            }
+            None => Err(error),
+        }
     }
 
     /// Blob `id` as stored and its verified plaintext, from the first place other than

@@ -84,6 +84,24 @@ fn a_blob_whose_pack_is_gone_is_read_from_its_other_copy() {
 }
 
 #[test]
+fn every_reader_is_told_when_a_blob_was_read_from_another_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut repo, blob, _, data) = stored_twice(dir.path());
+    let gone = repo.index().get(&blob).unwrap().pack;
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = Arc::clone(&told);
+    repo.on_read_around(Box::new(move |id, pack, error| {
+        sink.lock().unwrap().push((*id, pack, error.to_string()));
+    }));
+    // (Not read before: the storage keeps a pack it read open.)
+    std::fs::remove_file(pack_path(dir.path(), &repo, &blob)).unwrap();
+    assert_eq!(repo.read_blob(&blob).unwrap(), data);
+    let told = told.lock().unwrap();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!((told[0].0, told[0].1), (blob, gone));
+}
+
+#[test]
 fn a_blob_damaged_in_its_pack_is_read_from_its_other_copy() {
     let dir = tempfile::tempdir().unwrap();
     let (repo, blob, snap, data) = stored_twice(dir.path());

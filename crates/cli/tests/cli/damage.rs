@@ -260,3 +260,68 @@ fn cat_with_a_missing_index_file_fails_instead_of_printing_wrong_data() {
     delete_old_indexes(&f);
     assert_cat_fails_cleanly(&f, None);
 }
+
+/// A file stored in two packs (its first index file was hidden while a copy of it was
+/// backed up again), with one pack gone at a time: `cat` prints it whole either way, and
+/// says so when it read around the pack the index prefers, naming that pack.
+#[test]
+fn cat_warns_when_it_reads_a_blob_from_another_copy() {
+    let env = TestEnv::new();
+    env.init(&["--compression", "none"]);
+    let data = random_bytes(300_000, 5);
+    let src = env.path("src");
+    write_file(&src.join("f.bin"), &data);
+    let snapshot = env.backup_id(&[&src], &[]);
+    let first_packs = env.repo_files("data");
+    let hidden = env.path("hidden-index");
+    fs::create_dir_all(&hidden).unwrap();
+    let indexes = env.repo_files("index");
+    for index in &indexes {
+        fs::rename(index, hidden.join(index.file_name().unwrap())).unwrap();
+    }
+    let copy = env.path("copy");
+    write_file(&copy.join("f.bin"), &data);
+    env.backup(&[&copy], &[]);
+    for index in &indexes {
+        fs::rename(hidden.join(index.file_name().unwrap()), index).unwrap();
+    }
+    let second_packs: Vec<PathBuf> = env
+        .repo_files("data")
+        .into_iter()
+        .filter(|p| !first_packs.contains(p))
+        .collect();
+    // The file's blob, the largest pack of each backup.
+    let largest = |packs: &[PathBuf]| {
+        packs
+            .iter()
+            .max_by_key(|p| fs::metadata(p).unwrap().len())
+            .unwrap()
+            .clone()
+    };
+    let (first, second) = (largest(&first_packs), largest(&second_packs));
+
+    let mut warned = Vec::new();
+    for gone in [&first, &second] {
+        let kept = fs::read(gone).unwrap();
+        fs::remove_file(gone).unwrap();
+        let out = env
+            .cmd()
+            .args(["cat", &snapshot])
+            .arg(src.join("f.bin"))
+            .output()
+            .unwrap();
+        fs::write(gone, kept).unwrap();
+        assert_success(&out, "cat with one copy gone");
+        assert!(out.stdout == data, "cat printed the file whole");
+        let err = stderr(&out);
+        if err.contains("another copy") {
+            assert!(err.contains(&pack_id(gone)), "{err}");
+            warned.push(gone);
+        }
+    }
+    assert_eq!(
+        warned.len(),
+        1,
+        "only the preferred copy's loss is read around"
+    );
+}
