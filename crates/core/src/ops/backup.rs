@@ -1142,7 +1142,10 @@ impl Archiver<'_> {
         let (results_tx, results) = crossbeam_channel::unbounded::<(usize, Outcome)>();
         let id = self.dirs_entered;
         self.dirs_entered += 1;
-        if self.bundle.enter_dir() {
+        // The directory's name, from its entries' paths (one with none bundles nothing).
+        let name = entries.first().and_then(|e| e.path.parent()?.file_name());
+        let cut = name.is_some_and(|n| self.ends_bundle(n.as_bytes()));
+        if self.bundle.enter_dir(cut) {
             self.send_bundle()?;
         }
         let mut nodes: Vec<Option<Node>> = Vec::with_capacity(entries.len());
@@ -1269,7 +1272,8 @@ impl Archiver<'_> {
         })
     }
 
-    /// Whether a bundle may end after a file named `name` (one name in [`CUT_ODDS`]). The
+    /// Whether a bundle may end after a file named `name`, or before a directory so named
+    /// (one name in [`CUT_ODDS`]). The
     /// hash is keyed as blob ids are, so where bundles end (their sizes show it, padded)
     /// tells whoever lacks the key nothing about names.
     fn ends_bundle(&self, name: &[u8]) -> bool {
@@ -1346,18 +1350,24 @@ const CUT_ODDS: u8 = 8;
 /// bundle still being filled (except at the end, which sends it).
 const MAX_BUNDLE_DIRS: u64 = 64;
 
+/// Directories a bundle spans before it may end at a directory by name (one in
+/// [`CUT_ODDS`]): where directories hold few small files (`node_modules`), bundles end
+/// by directory names, so that a directory added shifts only the bundles up to the next
+/// such end, not every one after it as counting to [`MAX_BUNDLE_DIRS`] would.
+const MIN_CUT_DIRS: u64 = 16;
+
 /// Files a bundle may hold: empty and tiny files never fill one, and each waits in the
 /// bundle with its path and result channel until it is sent.
 const MAX_BUNDLE_FILES: usize = 4096;
 
 /// Groups small files, in the order the walk reads them across directories, into
 /// bundles: a bundle ends after a file whose name's keyed hash says so (one in
-/// [`CUT_ODDS`]) once it holds the average chunk size, before twice that, and after
-/// [`MAX_BUNDLE_DIRS`] directories or [`MAX_BUNDLE_FILES`] files. The ends depend on the files' names and sizes (and
-/// the directories walked) only, so a copy of a tree is bundled the same, and a file
-/// added or changed shifts the bundles only up to the next end by name (where
-/// directories hold few small files, the directory limit ends bundles, and a directory
-/// added shifts those that follow).
+/// [`CUT_ODDS`]) once it holds the average chunk size, before twice that, before a
+/// directory whose name's hash says so once it spans [`MIN_CUT_DIRS`] directories, and
+/// after [`MAX_BUNDLE_DIRS`] directories or [`MAX_BUNDLE_FILES`] files. The ends depend
+/// on the names and sizes of files and directories only, so a copy of a tree is bundled
+/// the same, and a file or directory added or changed shifts the bundles only up to the
+/// next end by name.
 ///
 /// Linux 6.1's small files (`bench/compare.sh`'s tree) compressed by `zstd -3` and padded
 /// as cairn pads (a scratch script): 195.5 MB in bundles of one directory each, 189.5 MB
@@ -1388,13 +1398,14 @@ impl Bundler {
         }
     }
 
-    /// Counts a directory the walk enters; whether the bundle must be sent first.
-    fn enter_dir(&mut self) -> bool {
+    /// Counts a directory the walk enters, whose name may end the bundle before it
+    /// (`cut`); whether the bundle must be sent first.
+    fn enter_dir(&mut self, cut: bool) -> bool {
         if self.files.is_empty() {
             return false;
         }
         self.spanned += 1;
-        self.spanned >= MAX_BUNDLE_DIRS
+        self.spanned >= MAX_BUNDLE_DIRS || (cut && self.spanned >= MIN_CUT_DIRS)
     }
 
     /// Whether files of directory `dir` are in the bundle.
@@ -1456,7 +1467,9 @@ mod tests {
             }
         };
         for (dir, (name, size)) in files.iter().enumerate() {
-            if bundler.enter_dir() {
+            // Each file in a directory of its own, named for it.
+            let dir_cut = blake3::hash(format!("{name}/").as_bytes()).as_bytes()[0];
+            if bundler.enter_dir(dir_cut.is_multiple_of(CUT_ODDS)) {
                 take(bundler.finish());
             }
             let to = ResultSlot {
@@ -1496,10 +1509,18 @@ mod tests {
 
     #[test]
     fn tiny_files_end_bundles_by_directories_and_empty_ones_by_count() {
-        // A file of 100 bytes in each directory: 64 directories to a bundle, no more.
-        let tiny: Vec<(String, u64)> = (0..200).map(|i| (format!("t{i}"), 100)).collect();
-        let sizes: Vec<usize> = bundles(&tiny).iter().map(Vec::len).collect();
-        assert_eq!(sizes, [64, 64, 64, 8]);
+        // A file of 100 bytes in each directory: from 16 to 64 directories to a bundle,
+        // ended by a directory's name.
+        let tiny: Vec<(String, u64)> = (0..2000).map(|i| (format!("t{i}"), 100)).collect();
+        let sizes: Vec<u64> = bundles(&tiny).iter().map(|b| b.len() as u64).collect();
+        let (last, full) = sizes.split_last().unwrap();
+        assert!(*last <= MAX_BUNDLE_DIRS);
+        assert!(
+            full.iter()
+                .all(|&n| (MIN_CUT_DIRS..=MAX_BUNDLE_DIRS).contains(&n)),
+            "{sizes:?}"
+        );
+        assert!(full.iter().any(|&n| n < MAX_BUNDLE_DIRS), "{sizes:?}");
         // Empty files of one directory: 4,096 to a bundle.
         let params = ChunkerParams::new(64 << 10, 256 << 10, 1 << 20).unwrap();
         let mut bundler = Bundler::new(params);
@@ -1527,6 +1548,23 @@ mod tests {
         assert!(after.len() > 10, "{}", after.len());
         // All but the bundles up to the first end by name after the new file are the
         // same.
+        let same = after.iter().filter(|b| before.contains(b)).count();
+        assert!(
+            same + 2 >= after.len(),
+            "{same} of {} the same",
+            after.len()
+        );
+    }
+
+    #[test]
+    fn a_directory_added_changes_the_bundles_only_up_to_the_next_end_by_name() {
+        // A tiny file in each directory: bundles ended by counting directories would all
+        // shift by one.
+        let tiny: Vec<(String, u64)> = (0..2000).map(|i| (format!("t{i}"), 100)).collect();
+        let mut added = tiny.clone();
+        added.insert(5, ("new".to_string(), 100));
+        let (before, after) = (bundles(&tiny), bundles(&added));
+        assert!(after.len() > 20, "{}", after.len());
         let same = after.iter().filter(|b| before.contains(b)).count();
         assert!(
             same + 2 >= after.len(),
