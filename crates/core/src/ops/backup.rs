@@ -914,7 +914,7 @@ impl Archiver<'_> {
                 SourceDir::Walk(_) => {
                     self.root_device = md.dev();
                     let parents = ParentNodes::new(parent_node.map(|n| vec![n.clone()]));
-                    let dir = self.save_entries(vec![entry], parents, false)?;
+                    let dir = self.save_entries(None, vec![entry], parents, false)?;
                     nodes.extend(self.complete(dir)?.0);
                 }
                 SourceDir::Virtual(p, grandchildren) => {
@@ -991,7 +991,7 @@ impl Archiver<'_> {
         }
         let parent_id = parent_id.filter(|_| parent.is_some());
         let parents = ParentNodes::new(parent.map(|t| t.nodes));
-        let unfinished = self.save_entries(entries, parents, true);
+        let unfinished = self.save_entries(dir.file_name(), entries, parents, true);
         if pushed {
             self.ignores.pop();
         }
@@ -1130,11 +1130,13 @@ impl Archiver<'_> {
     /// Saves a directory's entries, in order. Files to read go to the workers first
     /// (small ones bundled); then the walk descends into subdirectories (listed ahead by
     /// the lookahead threads) while the workers read. The nodes of files being read and of
-    /// queued subdirectories are completed later (`complete`). `parents` are the
-    /// directory's nodes in the parent snapshot; `filtered`: whether excludes and ignore
-    /// files apply (not to the paths the user named).
+    /// queued subdirectories are completed later (`complete`). `name` is the directory's
+    /// (`None` for the one holding a path the user named); `parents` are the directory's
+    /// nodes in the parent snapshot; `filtered`: whether excludes and ignore files apply
+    /// (not to the paths the user named).
     fn save_entries(
         &mut self,
+        name: Option<&std::ffi::OsStr>,
         entries: Vec<Entry>,
         mut parents: ParentNodes,
         filtered: bool,
@@ -1142,8 +1144,6 @@ impl Archiver<'_> {
         let (results_tx, results) = crossbeam_channel::unbounded::<(usize, Outcome)>();
         let id = self.dirs_entered;
         self.dirs_entered += 1;
-        // The directory's name, from its entries' paths (one with none bundles nothing).
-        let name = entries.first().and_then(|e| e.path.parent()?.file_name());
         let cut = name.is_some_and(|n| self.ends_bundle(n.as_bytes()));
         if self.bundle.enter_dir(cut) {
             self.send_bundle()?;
@@ -1273,9 +1273,8 @@ impl Archiver<'_> {
     }
 
     /// Whether a bundle may end after a file named `name`, or before a directory so named
-    /// (one name in [`CUT_ODDS`]). The
-    /// hash is keyed as blob ids are, so where bundles end (their sizes show it, padded)
-    /// tells whoever lacks the key nothing about names.
+    /// (one name in [`CUT_ODDS`]). The hash is keyed as blob ids are, so where bundles end
+    /// (their sizes show it, padded) tells whoever lacks the key nothing about names.
     fn ends_bundle(&self, name: &[u8]) -> bool {
         self.repo.key().blob_id(name).0[0].is_multiple_of(CUT_ODDS)
     }
@@ -1467,7 +1466,8 @@ mod tests {
             }
         };
         for (dir, (name, size)) in files.iter().enumerate() {
-            // Each file in a directory of its own, named for it.
+            // Each file in a directory of its own, named for it (with a "/" so that the
+            // two cut apart, which the real walk's one hash of a name does not model).
             let dir_cut = blake3::hash(format!("{name}/").as_bytes()).as_bytes()[0];
             if bundler.enter_dir(dir_cut.is_multiple_of(CUT_ODDS)) {
                 take(bundler.finish());

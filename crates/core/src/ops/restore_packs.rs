@@ -226,7 +226,6 @@ pub(crate) fn fill(
     reads
 }
 
-/// A writer thread's buffers: the bytes it read from a pack, and a blob decompressed.
 /// A batch's reads cut into one stretch of neighbouring reads for each thread, of about
 /// equal bytes. A thread takes its own stretch front to back, then the back half of the
 /// stretch with the most reads left. So threads mostly write different files and
@@ -275,13 +274,9 @@ impl Stretches {
             if left == 0 {
                 return None;
             }
+            // The back half, or the last read.
             let from = &mut stretches[most];
-            let middle = from.end - left / 2;
-            let back = if left == 1 {
-                from.clone()
-            } else {
-                middle..from.end
-            };
+            let back = from.end - (left / 2).max(1)..from.end;
             from.end = back.start;
             stretches[own] = back;
         }
@@ -289,6 +284,7 @@ impl Stretches {
     }
 }
 
+/// A writer thread's buffers: the bytes it read from a pack, and a blob decompressed.
 #[derive(Default)]
 struct Buffers {
     read: Vec<u8>,

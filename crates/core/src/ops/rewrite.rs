@@ -33,7 +33,7 @@ use crate::pack::BlobKind;
 use crate::repo::Repository;
 use crate::session::{Session, SessionKind};
 use crate::snapshot::{Snapshot, SnapshotSummary};
-use crate::tree::{NodeKind, Tree};
+use crate::tree::{ContentRef, NodeKind, Tree};
 use crate::writer::BlobWriter;
 
 /// How `tag` changes a snapshot's tags: `set` replaces them all, then `remove` and `add`.
@@ -165,18 +165,13 @@ pub fn rewrite(
             excludes: &excludes,
             removed: Vec::new(),
             summary: SnapshotSummary::default(),
-            removed_blobs: HashSet::new(),
-            kept_parts: BTreeMap::new(),
             moved: HashMap::new(),
         };
         let mut walk = || -> Result<()> {
             // The removed files' blobs of every selected snapshot first: a later snapshot
             // whose kept file shares a bundle with a file removed from an earlier one
             // (deleted from disk in between) must let go of that bundle too.
-            for (_, old) in selected.iter() {
-                pruner.find_removed_blobs(&old.tree, Path::new("/"), false)?;
-            }
-            pruner.regroup()?;
+            pruner.regroup(selected)?;
             for (i, (id, old)) in selected.iter().enumerate() {
                 monitor.progress("snapshots", i as u64, selected.len() as u64);
                 if monitor.cancelled() {
@@ -305,73 +300,102 @@ struct Pruner<'a, 'w> {
     removed: Vec<String>,
     /// Of what is kept.
     summary: SnapshotSummary,
-    /// Blobs holding bytes of a file left out of any of the snapshots.
-    removed_blobs: HashSet<BlobId>,
-    /// The ranges of blobs that kept files hold a part of, not the whole (of bundles).
-    kept_parts: BTreeMap<BlobId, BTreeSet<(u32, u32)>>,
-    /// Where each kept range of a blob in `removed_blobs` moved: (blob, offset, length)
+    /// Where each kept range of a blob that also held removed bytes moved: (blob, offset, length)
     /// to the new blob and the offset in it.
     moved: HashMap<(BlobId, u32, u32), (BlobId, u32)>,
 }
 
 impl Pruner<'_, '_> {
-    /// Adds to `removed_blobs` the blobs of the files the patterns leave out below tree
-    /// `id` (at `path`), or of every file below it if `all`, and to `kept_parts` the
-    /// ranges of bundles the other files hold. Before any tree is changed: a bundle
-    /// holds small files of neighbouring directories (see `ops::backup`), so a kept file
-    /// anywhere in the snapshots may share a blob with a removed one.
-    fn find_removed_blobs(&mut self, id: &BlobId, path: &Path, all: bool) -> Result<()> {
+    /// Calls `each` with whether it is left out and the content of every file below tree
+    /// `id` (at `path`; all left out if `all`). A tree met again at the same path (a
+    /// directory unchanged from one snapshot to the next) is in `seen` and not walked
+    /// again: the patterns match it the same.
+    fn visit_files(
+        &self,
+        id: &BlobId,
+        path: &Path,
+        all: bool,
+        seen: &mut HashSet<(BlobId, PathBuf)>,
+        each: &mut dyn FnMut(bool, &[ContentRef]),
+    ) -> Result<()> {
+        if !seen.insert((*id, path.to_path_buf())) {
+            return Ok(());
+        }
         let tree = self.repo.read_tree(id)?;
         for node in &tree.nodes {
             let child = path.join(std::ffi::OsStr::from_bytes(&node.name));
             let removed = all || self.excludes.matches(&child);
             match &node.kind {
-                NodeKind::File { content, .. } if removed => {
-                    self.removed_blobs.extend(content.iter().map(|c| c.blob));
+                NodeKind::File { content, .. } => each(removed, content),
+                NodeKind::Dir { subtree } => {
+                    self.visit_files(subtree, &child, removed, seen, each)?
                 }
-                NodeKind::File { content, .. } => {
-                    let index = self.repo.index();
-                    for part in content {
-                        let whole = part.offset == 0
-                            && index.get(&part.blob).map(|l| l.raw_length) == Some(part.len);
-                        if !whole {
-                            let ranges = self.kept_parts.entry(part.blob).or_default();
-                            ranges.insert((part.offset, part.len));
-                        }
-                    }
-                }
-                NodeKind::Dir { subtree } => self.find_removed_blobs(subtree, &child, removed)?,
                 _ => {}
             }
         }
         Ok(())
     }
 
-    /// Copies the kept ranges of each blob in `removed_blobs` into a new blob, in their
-    /// order, and notes in `moved` where each went. A whole blob a kept file holds stays
-    /// (the removed file held the same bytes).
-    fn regroup(&mut self) -> Result<()> {
-        for (old, ranges) in std::mem::take(&mut self.kept_parts) {
-            if !self.removed_blobs.contains(&old) {
-                continue;
-            }
+    /// Before any tree is changed: finds the blobs of the files the patterns leave out of
+    /// any of the `selected` snapshots (`removed_blobs`), then copies the ranges of those
+    /// blobs that kept files hold into a new blob for each, and notes in `moved` where
+    /// each range went. A bundle holds small files of neighbouring directories (see
+    /// `ops::backup`), so a kept file anywhere in the snapshots may share a blob with a
+    /// removed one; its new blob keeps the kept files of the bundle compressed together.
+    /// A whole blob a kept file holds stays (the removed file held the same bytes).
+    fn regroup(&mut self, selected: &[(SnapshotId, Snapshot)]) -> Result<()> {
+        let mut removed_blobs = HashSet::new();
+        let mut seen = HashSet::new();
+        for (_, snapshot) in selected {
+            self.visit_files(
+                &snapshot.tree,
+                Path::new("/"),
+                false,
+                &mut seen,
+                &mut |removed, content| {
+                    if removed {
+                        removed_blobs.extend(content.iter().map(|c| c.blob));
+                    }
+                },
+            )?;
+        }
+        // The ranges of those blobs that kept files hold, by blob.
+        let mut kept: BTreeMap<BlobId, BTreeSet<(u32, u32)>> = BTreeMap::new();
+        let index = self.repo.index();
+        seen.clear();
+        for (_, snapshot) in selected {
+            self.visit_files(
+                &snapshot.tree,
+                Path::new("/"),
+                false,
+                &mut seen,
+                &mut |removed, content| {
+                    for part in content
+                        .iter()
+                        .filter(|p| !removed && removed_blobs.contains(&p.blob))
+                    {
+                        let whole = part.offset == 0
+                            && index.get(&part.blob).map(|l| l.raw_length) == Some(part.len);
+                        if !whole {
+                            kept.entry(part.blob)
+                                .or_default()
+                                .insert((part.offset, part.len));
+                        }
+                    }
+                },
+            )?;
+        }
+        for (old, ranges) in kept {
             let blob = self.repo.read_blob_shared(&old)?;
-            let mut bytes = Vec::new();
-            let mut placed = Vec::with_capacity(ranges.len());
-            for (offset, len) in ranges {
-                let (start, end) = (offset as usize, offset as usize + len as usize);
-                let Some(range) = blob.get(start..end) else {
-                    return Err(Error::InvalidInput(format!(
-                        "blob {old} is shorter than a file's part of it ({len} bytes at {start})"
-                    )));
-                };
-                // Within the new blob's u32 offsets: its ranges were in one blob.
-                placed.push(((old, offset, len), bytes.len() as u32));
-                bytes.extend_from_slice(range);
-            }
+            let (bytes, placed) = copy_ranges(&blob, &ranges).ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "blob {old} is shorter than a file's part of it, or over 4 GiB"
+                ))
+            })?;
             let new = self.store(BlobKind::Data, bytes)?;
-            self.moved
-                .extend(placed.into_iter().map(|(from, at)| (from, (new, at))));
+            for ((offset, len), at) in ranges.into_iter().zip(placed) {
+                self.moved.insert((old, offset, len), (new, at));
+            }
         }
         Ok(())
     }
@@ -435,6 +459,39 @@ impl Pruner<'_, '_> {
     }
 }
 
+/// `ranges` (offset, length; in order) of `blob` copied into one buffer, each overlapping
+/// or touching run of them once, and where each range starts in it; `None` if one ends
+/// past the blob. The copy is never longer than the blob, so its offsets fit in a u32
+/// whatever the ranges: a tree (a writer's) could name one bundle's bytes many times over.
+fn copy_ranges(blob: &[u8], ranges: &BTreeSet<(u32, u32)>) -> Option<(Vec<u8>, Vec<u32>)> {
+    let mut bytes = Vec::new();
+    let mut placed = Vec::with_capacity(ranges.len());
+    // The run being copied: where it starts and ends in `blob`, and where it starts in
+    // `bytes`.
+    let mut run: Option<(usize, usize, usize)> = None;
+    for &(offset, len) in ranges {
+        let start = offset as usize;
+        let end = start.checked_add(len as usize)?;
+        let piece = blob.get(start..end)?;
+        let (run_start, run_end, base) = match run {
+            Some((s, e, base)) if start <= e => {
+                if end > e {
+                    bytes.extend_from_slice(&blob[e..end]);
+                }
+                (s, e.max(end), base)
+            }
+            _ => {
+                let base = bytes.len();
+                bytes.extend_from_slice(piece);
+                (start, end, base)
+            }
+        };
+        run = Some((run_start, run_end, base));
+        placed.push(u32::try_from(base + (start - run_start)).ok()?);
+    }
+    Some((bytes, placed))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,5 +514,27 @@ mod tests {
             remove: tags(&["y"]),
         };
         assert_eq!(set.apply(&tags(&["a"])), tags(&["x"]));
+    }
+
+    #[test]
+    fn kept_ranges_are_copied_once_where_they_overlap_and_never_past_the_blob() {
+        let blob: Vec<u8> = (0..100u8).collect();
+        let ranges: BTreeSet<(u32, u32)> = [(10, 5), (10, 20), (25, 10), (50, 5), (90, 10)]
+            .into_iter()
+            .collect();
+        let (bytes, placed) = copy_ranges(&blob, &ranges).unwrap();
+        // 10..35 once (three ranges overlapping or touching), then 50..55 and 90..100.
+        let expect: Vec<u8> = (10..35).chain(50..55).chain(90..100).collect();
+        assert_eq!(bytes, expect);
+        for ((offset, len), at) in ranges.iter().zip(&placed) {
+            let (at, offset, len) = (*at as usize, *offset as usize, *len as usize);
+            assert_eq!(bytes[at..at + len], blob[offset..offset + len]);
+        }
+        // A range named many times over costs its bytes once.
+        let many: BTreeSet<(u32, u32)> = (0..60).map(|i| (i, 40)).collect();
+        assert_eq!(copy_ranges(&blob, &many).unwrap().0, blob[..99]);
+        // Past the end of the blob, or wrapping: no copy.
+        assert!(copy_ranges(&blob, &[(90, 11)].into_iter().collect()).is_none());
+        assert!(copy_ranges(&blob, &[(1, u32::MAX)].into_iter().collect()).is_none());
     }
 }
