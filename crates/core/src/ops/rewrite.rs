@@ -306,11 +306,24 @@ struct Pruner<'a, 'w> {
 }
 
 impl Pruner<'_, '_> {
-    /// Calls `each` with whether it is left out and the content of every file below tree
-    /// `id` (at `path`; all left out if `all`). A tree met again at the same path (a
-    /// directory unchanged from one snapshot to the next) is in `seen` and not walked
-    /// again: the patterns match it the same.
+    /// Calls `each` with whether it is left out and the content of every file of the
+    /// `selected` snapshots. A tree met again at the same path (a directory unchanged
+    /// from one snapshot to the next) is walked once: the patterns match it the same.
     fn visit_files(
+        &self,
+        selected: &[(SnapshotId, Snapshot)],
+        each: &mut dyn FnMut(bool, &[ContentRef]),
+    ) -> Result<()> {
+        let mut seen = HashSet::new();
+        for (_, snapshot) in selected {
+            self.visit_tree(&snapshot.tree, Path::new("/"), false, &mut seen, each)?;
+        }
+        Ok(())
+    }
+
+    /// [`visit_files`](Self::visit_files) below tree `id`, at `path` (all left out if
+    /// `all`).
+    fn visit_tree(
         &self,
         id: &BlobId,
         path: &Path,
@@ -328,7 +341,7 @@ impl Pruner<'_, '_> {
             match &node.kind {
                 NodeKind::File { content, .. } => each(removed, content),
                 NodeKind::Dir { subtree } => {
-                    self.visit_files(subtree, &child, removed, seen, each)?
+                    self.visit_tree(subtree, &child, removed, seen, each)?
                 }
                 _ => {}
             }
@@ -337,54 +350,36 @@ impl Pruner<'_, '_> {
     }
 
     /// Before any tree is changed: finds the blobs of the files the patterns leave out of
-    /// any of the `selected` snapshots (`removed_blobs`), then copies the ranges of those
-    /// blobs that kept files hold into a new blob for each, and notes in `moved` where
-    /// each range went. A bundle holds small files of neighbouring directories (see
-    /// `ops::backup`), so a kept file anywhere in the snapshots may share a blob with a
-    /// removed one; its new blob keeps the kept files of the bundle compressed together.
-    /// A whole blob a kept file holds stays (the removed file held the same bytes).
+    /// any of the `selected` snapshots, then copies the ranges of those blobs that kept
+    /// files hold into a new blob for each, and notes in `moved` where each range went. A
+    /// bundle holds small files of neighbouring directories (see `ops::backup`), so a
+    /// kept file anywhere in the snapshots may share a blob with a removed one; its new
+    /// blob keeps the kept files of the bundle compressed together. A whole blob a kept
+    /// file holds stays (the removed file held the same bytes).
     fn regroup(&mut self, selected: &[(SnapshotId, Snapshot)]) -> Result<()> {
         let mut removed_blobs = HashSet::new();
-        let mut seen = HashSet::new();
-        for (_, snapshot) in selected {
-            self.visit_files(
-                &snapshot.tree,
-                Path::new("/"),
-                false,
-                &mut seen,
-                &mut |removed, content| {
-                    if removed {
-                        removed_blobs.extend(content.iter().map(|c| c.blob));
-                    }
-                },
-            )?;
-        }
+        self.visit_files(selected, &mut |removed, content| {
+            if removed {
+                removed_blobs.extend(content.iter().map(|c| c.blob));
+            }
+        })?;
         // The ranges of those blobs that kept files hold, by blob.
         let mut kept: BTreeMap<BlobId, BTreeSet<(u32, u32)>> = BTreeMap::new();
         let index = self.repo.index();
-        seen.clear();
-        for (_, snapshot) in selected {
-            self.visit_files(
-                &snapshot.tree,
-                Path::new("/"),
-                false,
-                &mut seen,
-                &mut |removed, content| {
-                    for part in content
-                        .iter()
-                        .filter(|p| !removed && removed_blobs.contains(&p.blob))
-                    {
-                        let whole = part.offset == 0
-                            && index.get(&part.blob).map(|l| l.raw_length) == Some(part.len);
-                        if !whole {
-                            kept.entry(part.blob)
-                                .or_default()
-                                .insert((part.offset, part.len));
-                        }
-                    }
-                },
-            )?;
-        }
+        self.visit_files(selected, &mut |removed, content| {
+            let parts = content
+                .iter()
+                .filter(|p| !removed && removed_blobs.contains(&p.blob));
+            for part in parts {
+                let whole = part.offset == 0
+                    && index.get(&part.blob).map(|l| l.raw_length) == Some(part.len);
+                if !whole {
+                    kept.entry(part.blob)
+                        .or_default()
+                        .insert((part.offset, part.len));
+                }
+            }
+        })?;
         for (old, ranges) in kept {
             let blob = self.repo.read_blob_shared(&old)?;
             let (bytes, placed) = copy_ranges(&blob, &ranges).ok_or_else(|| {
