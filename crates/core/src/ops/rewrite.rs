@@ -300,8 +300,8 @@ struct Pruner<'a, 'w> {
     removed: Vec<String>,
     /// Of what is kept.
     summary: SnapshotSummary,
-    /// Where each kept range of a blob that also held removed bytes moved: (blob, offset, length)
-    /// to the new blob and the offset in it.
+    /// Where each kept range of a blob that also held removed bytes moved: (blob, offset,
+    /// length) to the new blob and the offset in it.
     moved: HashMap<(BlobId, u32, u32), (BlobId, u32)>,
 }
 
