@@ -1,9 +1,9 @@
 //! Filling a restore's files in pack order. The walk (`ops::restore`) hands over files in
 //! batches; each batch is planned as a list of packs, in the order the batch first needs
-//! them, each with the blobs it needs in offset order. Threads take the packs one at a
-//! time, read each pack's needed blobs with as few reads as neighbours allow, decrypt,
-//! decompress and verify each blob once, and write it into every file of the batch that
-//! holds it. A file is finished (metadata, verification, rename into place) by the thread
+//! them, each with the blobs it needs in offset order. Threads take stretches of those
+//! packs (`Stretches`), read each pack's needed blobs with as few reads as neighbours
+//! allow, decrypt, decompress and verify each blob once, and write it into every file of
+//! the batch that holds it. A file is finished (metadata, verification, rename into place) by the thread
 //! that writes its last part. Every file is created, opened and renamed relative to its
 //! directory's descriptor (`restore_target::Dir`), never by path.
 //!
