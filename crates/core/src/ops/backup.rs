@@ -1454,8 +1454,9 @@ impl Bundler {
 mod tests {
     use super::*;
 
-    /// The bundles `Bundler` makes of files (name, size) in one directory each, by name.
-    fn bundles(files: &[(String, u64)]) -> Vec<Vec<String>> {
+    /// The bundles `Bundler` makes of files (name, size), by name: each file in a
+    /// directory of its own named for it if `own_dirs`, else all in one directory.
+    fn bundles(files: &[(String, u64)], own_dirs: bool) -> Vec<Vec<String>> {
         let params = ChunkerParams::new(64 << 10, 256 << 10, 1 << 20).unwrap();
         let mut bundler = Bundler::new(params);
         let (results, _rx) = crossbeam_channel::unbounded();
@@ -1465,19 +1466,20 @@ mod tests {
                 out.push(files.iter().map(|(_, p)| p.display().to_string()).collect());
             }
         };
-        for (dir, (name, size)) in files.iter().enumerate() {
-            // Each file in a directory of its own, named for it (with a "/" so that the
-            // two cut apart, which the real walk's one hash of a name does not model).
+        for (i, (name, size)) in files.iter().enumerate() {
+            // The directory's name hashed with a "/" so that a file and its directory cut
+            // apart (the real walk hashes the same name the same).
             let dir_cut = blake3::hash(format!("{name}/").as_bytes()).as_bytes()[0];
-            if bundler.enter_dir(dir_cut.is_multiple_of(CUT_ODDS)) {
+            if (own_dirs || i == 0) && bundler.enter_dir(dir_cut.is_multiple_of(CUT_ODDS)) {
                 take(bundler.finish());
             }
+            let dir = if own_dirs { i as u64 } else { 0 };
             let to = ResultSlot {
                 results: results.clone(),
                 slot: 0,
             };
             let cut = blake3::hash(name.as_bytes()).as_bytes()[0].is_multiple_of(CUT_ODDS);
-            take(bundler.add(to, PathBuf::from(name), *size, dir as u64, cut));
+            take(bundler.add(to, PathBuf::from(name), *size, dir, cut));
         }
         take(bundler.finish());
         out
@@ -1493,7 +1495,7 @@ mod tests {
     fn bundles_span_directories_up_to_twice_the_average_chunk() {
         let files = small_files(400, "f");
         let sizes: HashMap<&str, u64> = files.iter().map(|(n, s)| (n.as_str(), *s)).collect();
-        let made = bundles(&files);
+        let made = bundles(&files, true);
         assert!(made.len() < 40, "{} bundles", made.len());
         for b in &made {
             let bytes: u64 = b.iter().map(|n| sizes[n.as_str()]).sum();
@@ -1512,7 +1514,10 @@ mod tests {
         // A file of 100 bytes in each directory: from 16 to 64 directories to a bundle,
         // ended by a directory's name.
         let tiny: Vec<(String, u64)> = (0..2000).map(|i| (format!("t{i}"), 100)).collect();
-        let sizes: Vec<u64> = bundles(&tiny).iter().map(|b| b.len() as u64).collect();
+        let sizes: Vec<u64> = bundles(&tiny, true)
+            .iter()
+            .map(|b| b.len() as u64)
+            .collect();
         let (last, full) = sizes.split_last().unwrap();
         assert!(*last <= MAX_BUNDLE_DIRS);
         assert!(
@@ -1538,16 +1543,13 @@ mod tests {
         assert_eq!(sent, [MAX_BUNDLE_FILES, MAX_BUNDLE_FILES]);
     }
 
-    #[test]
-    fn a_file_added_changes_the_bundles_only_up_to_the_next_end_by_name() {
-        // Files of one size: bundles ended by size alone would all shift by one file.
-        let files: Vec<(String, u64)> = (0..1000).map(|i| (format!("f{i}"), 10_000)).collect();
-        let mut added = files.clone();
-        added.insert(5, ("new".to_string(), 10_000));
-        let (before, after) = (bundles(&files), bundles(&added));
-        assert!(after.len() > 10, "{}", after.len());
-        // All but the bundles up to the first end by name after the new file are the
-        // same.
+    /// Asserts that a file inserted among `files` (after the fifth) changes at most two of
+    /// at least `min` bundles: those up to the first end by name after it.
+    fn assert_an_insert_changes_few_bundles(files: &[(String, u64)], own_dirs: bool, min: usize) {
+        let mut added = files.to_vec();
+        added.insert(5, ("new".to_string(), files[5].1));
+        let (before, after) = (bundles(files, own_dirs), bundles(&added, own_dirs));
+        assert!(after.len() >= min, "{} bundles", after.len());
         let same = after.iter().filter(|b| before.contains(b)).count();
         assert!(
             same + 2 >= after.len(),
@@ -1557,20 +1559,19 @@ mod tests {
     }
 
     #[test]
+    fn a_file_added_changes_the_bundles_only_up_to_the_next_end_by_name() {
+        // Files of one size in one directory: bundles ended by size alone would all shift
+        // by one file.
+        let files: Vec<(String, u64)> = (0..1000).map(|i| (format!("f{i}"), 10_000)).collect();
+        assert_an_insert_changes_few_bundles(&files, false, 10);
+    }
+
+    #[test]
     fn a_directory_added_changes_the_bundles_only_up_to_the_next_end_by_name() {
         // A tiny file in each directory: bundles ended by counting directories would all
         // shift by one.
         let tiny: Vec<(String, u64)> = (0..2000).map(|i| (format!("t{i}"), 100)).collect();
-        let mut added = tiny.clone();
-        added.insert(5, ("new".to_string(), 100));
-        let (before, after) = (bundles(&tiny), bundles(&added));
-        assert!(after.len() > 20, "{}", after.len());
-        let same = after.iter().filter(|b| before.contains(b)).count();
-        assert!(
-            same + 2 >= after.len(),
-            "{same} of {} the same",
-            after.len()
-        );
+        assert_an_insert_changes_few_bundles(&tiny, true, 20);
     }
 
     #[test]
