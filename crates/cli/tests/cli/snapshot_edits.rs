@@ -178,20 +178,13 @@ fn rewrite_frees_a_directory_whose_small_files_shared_blobs_with_other_directori
     env.backup_id(&[&src], &[]);
 
     run_ok(&env, &["rewrite", "--exclude", "b/secret", "--forget"]);
-    let out = env.cmd().args(["prune", "--json"]).output().unwrap();
-    assert_success(&out, "prune");
-    let prune = parse_json(&out.stdout, "prune --json");
-    // The secret's bytes are held by no blob a kept file uses.
-    assert!(json_u64(&prune, "bytes_unused") >= 150_000, "{prune}");
-    assert_check_clean(&env, &["--read-data"], "after rewrite and prune");
-    assert_snapshot_restores_without(&env, &src, Path::new("b/secret"));
-    let root = restored_path(&env.path("restored-without"), &src);
-    for kept in ["a/kept.txt", "c/kept.txt"] {
-        assert_eq!(
-            std::fs::read(root.join(kept)).unwrap(),
-            std::fs::read(src.join(kept)).unwrap()
-        );
-    }
+    assert_prune_frees_and_the_rest_restores(
+        &env,
+        &src,
+        "b/secret",
+        150_000,
+        &["a/kept.txt", "c/kept.txt"],
+    );
 }
 
 #[test]
@@ -225,14 +218,28 @@ fn rewrite_keeps_the_other_small_files_of_a_removed_files_bundle_in_one_blob() {
         after <= before,
         "{after} data blobs after the rewrite, {before} before"
     );
+    let kept: Vec<&str> = kept.iter().map(String::as_str).collect();
+    assert_prune_frees_and_the_rest_restores(&env, &src, "d1/secret.txt", 3_000, &kept);
+}
+
+/// After a rewrite that removed `gone`: prune frees at least `freed` bytes (the removed
+/// bytes are held by no blob a kept file uses), the repository checks clean, and the
+/// latest snapshot restores without `gone` and with each of `kept` as in `src`.
+fn assert_prune_frees_and_the_rest_restores(
+    env: &TestEnv,
+    src: &Path,
+    gone: &str,
+    freed: u64,
+    kept: &[&str],
+) {
     let out = env.cmd().args(["prune", "--json"]).output().unwrap();
     assert_success(&out, "prune");
     let prune = parse_json(&out.stdout, "prune --json");
-    assert!(json_u64(&prune, "bytes_unused") >= 3_000, "{prune}");
-    assert_check_clean(&env, &["--read-data"], "after rewrite and prune");
-    assert_snapshot_restores_without(&env, &src, Path::new("d1/secret.txt"));
-    let root = restored_path(&env.path("restored-without"), &src);
-    for name in &kept {
+    assert!(json_u64(&prune, "bytes_unused") >= freed, "{prune}");
+    assert_check_clean(env, &["--read-data"], "after rewrite and prune");
+    assert_snapshot_restores_without(env, src, Path::new(gone));
+    let root = restored_path(&env.path("restored-without"), src);
+    for name in kept {
         assert_eq!(
             std::fs::read(root.join(name)).unwrap(),
             std::fs::read(src.join(name)).unwrap(),
