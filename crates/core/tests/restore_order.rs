@@ -3,11 +3,18 @@
 
 mod common;
 
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
 use cairn_core::monitor::NullMonitor;
 use cairn_core::ops::restore::{restore, RestoreOptions};
 use cairn_core::pack::BlobKind;
+use cairn_core::storage::{LocalStorage, Storage};
 use cairn_core::tree::{ContentRef, Node, NodeKind, Tree};
-use common::{node, repo, snapshot};
+use cairn_core::Repository;
+use common::{node, one_blob_file, repo, snapshot};
 
 /// Incompressible bytes unlike any other file's, from `tag` and `i`.
 fn data(tag: &str, i: usize, len: usize) -> Vec<u8> {
@@ -82,4 +89,145 @@ fn files_whose_parts_arrive_out_of_order_and_all_at_once_are_restored_exactly() 
     // Each blob was read once, though every first part is written twice.
     assert!(stats.bytes_read < 2 * 3000 * FILES as u64, "{stats:?}");
     assert_eq!(std::fs::read_dir(&target).unwrap().count(), FILES);
+}
+
+/// A local repository whose reads of one object wait until a file appears, for at most
+/// `PATIENCE`; notes whether any waited that long.
+#[derive(Debug)]
+struct HeldBack {
+    inner: LocalStorage,
+    object: String,
+    until: PathBuf,
+    waited_in_vain: AtomicBool,
+}
+
+const PATIENCE: Duration = Duration::from_secs(20);
+
+impl HeldBack {
+    fn hold(&self, name: &str) {
+        if name != self.object {
+            return;
+        }
+        let started = Instant::now();
+        while !self.until.exists() {
+            if started.elapsed() > PATIENCE {
+                self.waited_in_vain.store(true, Ordering::Relaxed);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Storage for HeldBack {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+    fn read(&self, name: &str) -> cairn_core::storage::Result<Vec<u8>> {
+        self.hold(name);
+        self.inner.read(name)
+    }
+    fn read_range(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> cairn_core::storage::Result<Vec<u8>> {
+        self.hold(name);
+        self.inner.read_range(name, offset, len)
+    }
+    fn read_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+        buf: &mut Vec<u8>,
+    ) -> cairn_core::storage::Result<()> {
+        self.hold(name);
+        self.inner.read_range_into(name, offset, len, buf)
+    }
+    fn write(&self, name: &str, data: &[u8]) -> cairn_core::storage::Result<()> {
+        self.inner.write(name, data)
+    }
+    fn list(&self, dir: &str) -> cairn_core::storage::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn list_modified(&self, dir: &str) -> cairn_core::storage::Result<Vec<(String, SystemTime)>> {
+        self.inner.list_modified(dir)
+    }
+    fn temporaries(&self) -> cairn_core::storage::Result<Vec<(String, SystemTime)>> {
+        self.inner.temporaries()
+    }
+    fn delete_temporary(&self, name: &str) -> cairn_core::storage::Result<()> {
+        self.inner.delete_temporary(name)
+    }
+    fn size(&self, name: &str) -> cairn_core::storage::Result<u64> {
+        self.inner.size(name)
+    }
+    fn exists(&self, name: &str) -> cairn_core::storage::Result<bool> {
+        self.inner.exists(name)
+    }
+    fn delete(&self, name: &str) -> cairn_core::storage::Result<()> {
+        self.inner.delete(name)
+    }
+}
+
+/// Threads with no read left in a batch write the next one while another still waits on
+/// a read of the first: one slow read (a remote request, a cold pack) does not hold up
+/// the rest of the restore.
+#[test]
+fn a_slow_read_holds_back_no_other_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    // The smallest packs a repository may have (1 MiB), some 350 files each.
+    let mut repo = repo(&repo_dir, Some(1 << 20));
+    // More files than the first batch holds parts (1,024): the last file is in the second
+    // batch, and the first file's pack is read in the first only.
+    const FILES: usize = 1100;
+    let writer = repo.blob_writer();
+    let mut nodes: Vec<Node> = Vec::new();
+    let mut slow = None;
+    for i in 0..FILES {
+        let bytes = data("batch", i, 3000);
+        let (blob, _) = writer.add(BlobKind::Data, &bytes).unwrap();
+        slow.get_or_insert(blob);
+        nodes.push(node(
+            format!("f{i:04}").as_bytes(),
+            one_blob_file(blob, bytes.len()),
+        ));
+    }
+    let (tree, _) = writer
+        .add(BlobKind::Tree, &Tree { nodes }.to_bytes())
+        .unwrap();
+    let mut report = writer.finish().unwrap();
+    repo.index_written(&mut report).unwrap();
+    let slow_pack = repo.index().get(&slow.unwrap()).unwrap().pack;
+    drop(repo);
+
+    let target = dir.path().join("target");
+    let storage = Arc::new(HeldBack {
+        inner: LocalStorage::new(&repo_dir),
+        object: slow_pack.storage_name(),
+        until: target.join(format!("f{:04}", FILES - 1)),
+        waited_in_vain: AtomicBool::new(false),
+    });
+    let repo = Repository::open(storage.clone(), b"pw".as_slice()).unwrap();
+    let opts = RestoreOptions {
+        target: target.clone(),
+        ..RestoreOptions::default()
+    };
+    let stats = restore(&repo, &snapshot(tree), &opts, &NullMonitor).unwrap();
+    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    assert_eq!(stats.files_restored, FILES as u64);
+    assert!(
+        !storage.waited_in_vain.load(Ordering::Relaxed),
+        "the last file was not written while a read of the first batch waited"
+    );
+    for i in [0, FILES - 1] {
+        let name = format!("f{i:04}");
+        assert_eq!(
+            std::fs::read(target.join(&name)).unwrap(),
+            data("batch", i, 3000)
+        );
+    }
 }

@@ -166,7 +166,7 @@ pub fn restore(
     } else {
         local_writers()
     };
-    // A rendezvous: the walk makes the next batch while the last one is written.
+    // A rendezvous: the walk makes the next batch while the last ones are written.
     let (batch_tx, batch_rx) = crossbeam_channel::bounded::<Vec<FileJob>>(0);
     let (done_tx, done_rx) = crossbeam_channel::unbounded::<FileDone>();
     let euid = effective_ids().0;
