@@ -3,11 +3,12 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use cairn_core::id::{BlobId, PackId};
 use cairn_core::monitor::NullMonitor;
 use cairn_core::ops::restore::{restore, RestoreOptions};
 use cairn_core::pack::BlobKind;
@@ -92,12 +93,13 @@ fn files_whose_parts_arrive_out_of_order_and_all_at_once_are_restored_exactly() 
 }
 
 /// A local repository whose reads of one object wait until a file appears, for at most
-/// `PATIENCE`; notes whether any waited that long.
+/// `PATIENCE` (noting whether any waited that long), and then, with `then_panic`, panic.
 #[derive(Debug)]
 struct HeldBack {
     inner: LocalStorage,
     object: String,
     until: PathBuf,
+    then_panic: bool,
     waited_in_vain: AtomicBool,
 }
 
@@ -112,10 +114,11 @@ impl HeldBack {
         while !self.until.exists() {
             if started.elapsed() > PATIENCE {
                 self.waited_in_vain.store(true, Ordering::Relaxed);
-                return;
+                break;
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        assert!(!self.then_panic, "a read of {name} panics");
     }
 }
 
@@ -172,25 +175,20 @@ impl Storage for HeldBack {
     }
 }
 
-/// Threads with no read left in a batch write the next one while another still waits on
-/// a read of the first: one slow read (a remote request, a cold pack) does not hold up
-/// the rest of the restore.
-#[test]
-fn a_slow_read_holds_back_no_other_batch() {
-    let dir = tempfile::tempdir().unwrap();
-    let repo_dir = dir.path().join("repo");
-    // The smallest packs a repository may have (1 MiB), some 350 files each.
+/// One-part files `f0000`... in a repository of 1 MiB packs (the smallest allowed, some
+/// 350 files each), more than the first batch holds (1,024 parts): the last file is in
+/// the second batch, and the first file's pack is read in the first only. Returns the
+/// repository's directory, the snapshot's tree and the first file's pack.
+fn two_batches(dir: &Path) -> (PathBuf, BlobId, PackId) {
+    let repo_dir = dir.join("repo");
     let mut repo = repo(&repo_dir, Some(1 << 20));
-    // More files than the first batch holds parts (1,024): the last file is in the second
-    // batch, and the first file's pack is read in the first only.
-    const FILES: usize = 1100;
     let writer = repo.blob_writer();
     let mut nodes: Vec<Node> = Vec::new();
-    let mut slow = None;
+    let mut blobs = Vec::new();
     for i in 0..FILES {
         let bytes = data("batch", i, 3000);
         let (blob, _) = writer.add(BlobKind::Data, &bytes).unwrap();
-        slow.get_or_insert(blob);
+        blobs.push(blob);
         nodes.push(node(
             format!("f{i:04}").as_bytes(),
             one_blob_file(blob, bytes.len()),
@@ -201,22 +199,54 @@ fn a_slow_read_holds_back_no_other_batch() {
         .unwrap();
     let mut report = writer.finish().unwrap();
     repo.index_written(&mut report).unwrap();
-    let slow_pack = repo.index().get(&slow.unwrap()).unwrap().pack;
-    drop(repo);
+    let pack = |blob| repo.index().get(blob).unwrap().pack;
+    let first = pack(&blobs[0]);
+    assert_ne!(
+        first,
+        pack(&blobs[FILES - 1]),
+        "the last file needs the first pack"
+    );
+    (repo_dir, tree, first)
+}
 
+const FILES: usize = 1100;
+
+/// Restores `tree` into `target` from the repository `storage` holds, failing the test if
+/// that takes a minute.
+fn restore_within_a_minute(
+    storage: Arc<HeldBack>,
+    tree: BlobId,
+    target: &Path,
+) -> cairn_core::ops::restore::RestoreStats {
+    let repo = Repository::open(storage, b"pw".as_slice()).unwrap();
+    let opts = RestoreOptions {
+        target: target.to_path_buf(),
+        ..RestoreOptions::default()
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(restore(&repo, &snapshot(tree), &opts, &NullMonitor).unwrap());
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the restore ends within a minute")
+}
+
+/// Threads with no read left in a batch write the next one while another still waits on
+/// a read of the first: one slow read (a remote request, a cold pack) does not hold up
+/// the rest of the restore.
+#[test]
+fn a_slow_read_holds_back_no_other_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo_dir, tree, first_pack) = two_batches(dir.path());
     let target = dir.path().join("target");
     let storage = Arc::new(HeldBack {
         inner: LocalStorage::new(&repo_dir),
-        object: slow_pack.storage_name(),
+        object: first_pack.storage_name(),
         until: target.join(format!("f{:04}", FILES - 1)),
+        then_panic: false,
         waited_in_vain: AtomicBool::new(false),
     });
-    let repo = Repository::open(storage.clone(), b"pw".as_slice()).unwrap();
-    let opts = RestoreOptions {
-        target: target.clone(),
-        ..RestoreOptions::default()
-    };
-    let stats = restore(&repo, &snapshot(tree), &opts, &NullMonitor).unwrap();
+    let stats = restore_within_a_minute(storage.clone(), tree, &target);
     assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     assert_eq!(stats.files_restored, FILES as u64);
     assert!(
@@ -230,4 +260,44 @@ fn a_slow_read_holds_back_no_other_batch() {
             data("batch", i, 3000)
         );
     }
+}
+
+/// A writer thread that panics (a bug) while the next batch waits for it ends the restore
+/// all the same: the files it was writing are listed as not restored, every other file
+/// is restored.
+#[test]
+fn a_writer_thread_that_panics_ends_the_restore_with_its_files_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo_dir, tree, first_pack) = two_batches(dir.path());
+    let target = dir.path().join("target");
+    // The read panics once the second batch is written, which is then queued for the
+    // panicking thread too.
+    let storage = Arc::new(HeldBack {
+        inner: LocalStorage::new(&repo_dir),
+        object: first_pack.storage_name(),
+        until: target.join(format!("f{:04}", FILES - 1)),
+        then_panic: true,
+        waited_in_vain: AtomicBool::new(false),
+    });
+    let stats = restore_within_a_minute(storage.clone(), tree, &target);
+    assert!(!storage.waited_in_vain.load(Ordering::Relaxed));
+    assert!(!stats.errors.is_empty());
+    for e in &stats.errors {
+        assert!(e.error.contains("writer thread stopped"), "{e:?}");
+    }
+    assert_eq!(stats.files_restored as usize + stats.errors.len(), FILES);
+    let mut listed = 0;
+    for i in 0..FILES {
+        let name = format!("f{i:04}");
+        match std::fs::read(target.join(&name)) {
+            Ok(bytes) => assert_eq!(bytes, data("batch", i, 3000), "{name}"),
+            Err(_) => listed += 1,
+        }
+    }
+    assert_eq!(listed, stats.errors.len());
+    // Nothing else was left in the target: no temporary file.
+    assert_eq!(
+        std::fs::read_dir(&target).unwrap().count(),
+        stats.files_restored as usize
+    );
 }

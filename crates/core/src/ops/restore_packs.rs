@@ -18,6 +18,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::FileExt;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -104,8 +105,8 @@ pub(crate) const BATCH_PARTS: usize = 4096;
 /// files are written while the walk goes on, and later batches share few packs.
 pub(crate) const FIRST_BATCH_PARTS: usize = 1024;
 
-/// Files kept open between the writes of their parts (files of one part are closed at
-/// once); others are opened again for each part.
+/// Files kept open between the writes of their parts, in all batches being written (files
+/// of one part are closed at once); others are opened again for each part.
 const OPEN_FILES: usize = 256;
 
 /// Blobs of a pack closer than this are read with one request, the bytes between them
@@ -197,6 +198,7 @@ pub(crate) fn fill(
 ) -> PackReads {
     let threads = threads.max(1);
     let mut reads = PackReads::default();
+    let open_files = AtomicUsize::new(0);
     let (events_tx, events) = crossbeam_channel::unbounded::<Event>();
     std::thread::scope(|s| {
         let workers: Vec<Sender<Arc<Batch>>> = (0..threads)
@@ -205,10 +207,25 @@ pub(crate) fn fill(
                 let events = events_tx.clone();
                 s.spawn(move || {
                     let mut buffers = Buffers::default();
+                    // After a panic the thread writes no more, but still leaves every
+                    // batch it is given, so that each ends; the panic is raised again
+                    // at the end, and the scope passes it on.
+                    let mut panicked = None;
                     for batch in rx {
-                        // Left even if writing panics, so that the batch still ends.
-                        let _leave = Leave(&batch, &events);
-                        batch.work(own, &mut buffers);
+                        if panicked.is_none() {
+                            let work = || batch.work(own, &mut buffers);
+                            panicked = catch_unwind(AssertUnwindSafe(work)).err();
+                        }
+                        if panicked.is_some() {
+                            batch.poisoned.store(true, Ordering::Relaxed);
+                        }
+                        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| batch.leave(&events)))
+                        {
+                            panicked.get_or_insert(panic);
+                        }
+                    }
+                    if let Some(panic) = panicked {
+                        resume_unwind(panic);
                     }
                 });
                 tx
@@ -229,10 +246,19 @@ pub(crate) fn fill(
                 wait(&mut writing, &mut drained);
             }
             let Ok(jobs) = batches.recv() else { break };
-            let batch = Arc::new(Batch::new(repo, opts, monitor, done, jobs, threads));
+            let batch = Arc::new(Batch::new(
+                repo,
+                opts,
+                monitor,
+                done,
+                &open_files,
+                jobs,
+                threads,
+            ));
             (writing, drained) = (writing + 1, false);
             for worker in &workers {
-                // A thread that panicked takes no batch: it leaves this one at once.
+                // A thread gone (only a panic outside `work` and `leave` ends one early)
+                // takes no batch: it leaves this one at once.
                 if let Err(unsent) = worker.send(Arc::clone(&batch)) {
                     unsent.0.leave(&events_tx);
                 }
@@ -244,15 +270,6 @@ pub(crate) fn fill(
         }
     });
     reads
-}
-
-/// Leaves its batch when dropped.
-struct Leave<'b, 'a>(&'b Batch<'a>, &'b Sender<Event>);
-
-impl Drop for Leave<'_, '_> {
-    fn drop(&mut self) {
-        self.0.leave(self.1);
-    }
 }
 
 /// A batch's reads cut into one stretch of neighbouring reads for each thread, of about
@@ -478,7 +495,8 @@ struct Batch<'a> {
     monitor: &'a dyn Monitor,
     done: &'a Sender<FileDone>,
     files: Vec<FileState>,
-    open_files: AtomicUsize,
+    /// Files open between parts, in every batch being written.
+    open_files: &'a AtomicUsize,
     /// Set when the restore is cancelled or the main thread is gone.
     stop: AtomicBool,
     bytes_read: AtomicU64,
@@ -493,6 +511,9 @@ struct Batch<'a> {
     stretches: Stretches,
     /// Whether a thread has left it.
     drained: AtomicBool,
+    /// Whether a thread panicked writing it or an earlier batch: the files left
+    /// unfinished are the walk's to report, as not restored.
+    poisoned: AtomicBool,
     /// Threads that have not left it yet: the last one ends it.
     left: AtomicUsize,
 }
@@ -504,6 +525,7 @@ impl<'a> Batch<'a> {
         opts: &'a RestoreOptions,
         monitor: &'a dyn Monitor,
         done: &'a Sender<FileDone>,
+        open_files: &'a AtomicUsize,
         jobs: Vec<FileJob>,
         threads: usize,
     ) -> Batch<'a> {
@@ -529,7 +551,7 @@ impl<'a> Batch<'a> {
             monitor,
             done,
             files: plan.files,
-            open_files: AtomicUsize::new(0),
+            open_files,
             stop: AtomicBool::new(false),
             bytes_read: AtomicU64::new(0),
             elsewhere: Mutex::default(),
@@ -544,6 +566,7 @@ impl<'a> Batch<'a> {
             reads,
             stretches,
             drained: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
             left: AtomicUsize::new(threads),
         };
         // Files whose blobs are all missing from the index, and empty files, have no
@@ -577,7 +600,7 @@ impl<'a> Batch<'a> {
 
     /// One thread is done with the batch: the first one says so. The last one fails the
     /// files whose parts were not all written (an interrupted restore) and sends what the
-    /// batch read.
+    /// batch read, which `fill` waits for.
     fn leave(&self, events: &Sender<Event>) {
         if !self.drained.swap(true, Ordering::AcqRel) {
             let _ = events.send(Event::Drained);
@@ -585,19 +608,20 @@ impl<'a> Batch<'a> {
         if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return;
         }
-        // A thread unwinding from a panic leaves the files to the walk, which reports
-        // every file not reported as not restored: finishing them could panic again.
-        let files = if std::thread::panicking() {
-            0
-        } else {
-            self.files.len()
-        };
-        for i in 0..files {
-            if self.files[i].remaining.swap(0, Ordering::AcqRel) > 0 {
-                self.fail(i, INTERRUPTED.into());
-                self.finish(i);
+        // After a panic the files are left to the walk, which reports every file not
+        // reported as not restored; and the batch ends whatever happens here.
+        let unfinished = || {
+            if self.poisoned.load(Ordering::Relaxed) {
+                return;
             }
-        }
+            for i in 0..self.files.len() {
+                if self.files[i].remaining.swap(0, Ordering::AcqRel) > 0 {
+                    self.fail(i, INTERRUPTED.into());
+                    self.finish(i);
+                }
+            }
+        };
+        let failed_unfinished = catch_unwind(AssertUnwindSafe(unfinished));
         let failed = std::mem::take(&mut *self.elsewhere.lock().unwrap_or_else(|p| p.into_inner()));
         let _ = events.send(Event::Ended(PackReads {
             packs: self.packs.len() as u64,
@@ -605,6 +629,9 @@ impl<'a> Batch<'a> {
             elsewhere: failed.len() as u64,
             failed_packs: failed.into_iter().collect(),
         }));
+        if let Err(panic) = failed_unfinished {
+            resume_unwind(panic);
+        }
     }
 
     /// Reads blobs that lie close together in one pack with one request, and writes each.
