@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use cairn_core::id::{BlobId, PackId};
+use cairn_core::id::BlobId;
 use cairn_core::monitor::NullMonitor;
 use cairn_core::ops::restore::{restore, RestoreOptions};
 use cairn_core::pack::BlobKind;
@@ -178,8 +178,9 @@ impl Storage for HeldBack {
 /// One-part files `f0000`... in a repository of 1 MiB packs (the smallest allowed, some
 /// 350 files each), more than the first batch holds (1,024 parts): the last file is in
 /// the second batch, and the first file's pack is read in the first only. Returns the
-/// repository's directory, the snapshot's tree and the first file's pack.
-fn two_batches(dir: &Path) -> (PathBuf, BlobId, PackId) {
+/// repository, its reads of the first file's pack held back until the last file is
+/// restored into `dir/target`, the tree to restore and that target.
+fn first_pack_held_back(dir: &Path, then_panic: bool) -> (Arc<HeldBack>, BlobId, PathBuf) {
     let repo_dir = dir.join("repo");
     let mut repo = repo(&repo_dir, Some(1 << 20));
     let writer = repo.blob_writer();
@@ -206,7 +207,15 @@ fn two_batches(dir: &Path) -> (PathBuf, BlobId, PackId) {
         pack(&blobs[FILES - 1]),
         "the last file needs the first pack"
     );
-    (repo_dir, tree, first)
+    let target = dir.join("target");
+    let storage = Arc::new(HeldBack {
+        inner: LocalStorage::new(&repo_dir),
+        object: first.storage_name(),
+        until: target.join(format!("f{:04}", FILES - 1)),
+        then_panic,
+        waited_in_vain: AtomicBool::new(false),
+    });
+    (storage, tree, target)
 }
 
 const FILES: usize = 1100;
@@ -237,15 +246,7 @@ fn restore_within_a_minute(
 #[test]
 fn a_slow_read_holds_back_no_other_batch() {
     let dir = tempfile::tempdir().unwrap();
-    let (repo_dir, tree, first_pack) = two_batches(dir.path());
-    let target = dir.path().join("target");
-    let storage = Arc::new(HeldBack {
-        inner: LocalStorage::new(&repo_dir),
-        object: first_pack.storage_name(),
-        until: target.join(format!("f{:04}", FILES - 1)),
-        then_panic: false,
-        waited_in_vain: AtomicBool::new(false),
-    });
+    let (storage, tree, target) = first_pack_held_back(dir.path(), false);
     let stats = restore_within_a_minute(storage.clone(), tree, &target);
     assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     assert_eq!(stats.files_restored, FILES as u64);
@@ -268,17 +269,9 @@ fn a_slow_read_holds_back_no_other_batch() {
 #[test]
 fn a_writer_thread_that_panics_ends_the_restore_with_its_files_listed() {
     let dir = tempfile::tempdir().unwrap();
-    let (repo_dir, tree, first_pack) = two_batches(dir.path());
-    let target = dir.path().join("target");
     // The read panics once the second batch is written, which is then queued for the
     // panicking thread too.
-    let storage = Arc::new(HeldBack {
-        inner: LocalStorage::new(&repo_dir),
-        object: first_pack.storage_name(),
-        until: target.join(format!("f{:04}", FILES - 1)),
-        then_panic: true,
-        waited_in_vain: AtomicBool::new(false),
-    });
+    let (storage, tree, target) = first_pack_held_back(dir.path(), true);
     let stats = restore_within_a_minute(storage.clone(), tree, &target);
     assert!(!storage.waited_in_vain.load(Ordering::Relaxed));
     assert!(!stats.errors.is_empty());

@@ -260,6 +260,7 @@ pub(crate) fn fill(
                 // A thread gone (only a panic outside `work` and `leave` ends one early)
                 // takes no batch: it leaves this one at once.
                 if let Err(unsent) = worker.send(Arc::clone(&batch)) {
+                    unsent.0.poisoned.store(true, Ordering::Relaxed);
                     unsent.0.leave(&events_tx);
                 }
             }
