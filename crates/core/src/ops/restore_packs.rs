@@ -9,7 +9,9 @@
 //!
 //! So a pack is read once per batch, front to back, however many files share its blobs,
 //! and a remote store gets one request for many neighbouring blobs. A batch holds at most
-//! [`BATCH_PARTS`] parts of files, so memory does not grow with the snapshot.
+//! [`BATCH_PARTS`] parts of files, and at most [`BATCHES_WRITTEN`] are written at a time
+//! (threads out of reads in one start the next), so memory does not grow with the
+//! snapshot.
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -96,7 +98,7 @@ pub(crate) struct FileDone {
 /// written ([`BATCHES_WRITTEN`]) and the one the walk is making. Restoring the Linux tree
 /// (78,611 files), peak RSS was 75 MiB with batches of 4,096 parts, 101 MiB with 16,384
 /// and 111 MiB with 65,536, one batch written at a time; two at a time, 54-61 MiB with
-/// 4,096 and 62-68 MiB with 8,192 (58-64 MiB one at a time with 8,192, the size before).
+/// 4,096 and 62-71 MiB with 8,192 (57-64 MiB one at a time with 8,192, the size before).
 /// Smaller batches read a pack that two batches share twice: 39 pack reads and 217.1 MB
 /// for that tree against 28 and 212.5 MB.
 pub(crate) const BATCH_PARTS: usize = 4096;
@@ -178,7 +180,7 @@ impl PackReads {
 /// cores, which were already about 90% busy (2.56-2.75 s against 2.63-3.14 s).
 const BATCHES_WRITTEN: usize = 2;
 
-/// What the writer threads tell `fill` about the newest batch.
+/// What the writer threads tell `fill` about a batch.
 enum Event {
     /// A thread found no read left in it.
     Drained,
