@@ -10,7 +10,8 @@
 # change: overwritten ranges, appends, new files), restore of that last snapshot (page
 # cache dropped) into an empty directory, checked against the source with
 # `diff -r --no-dereference`; then the tree goes back as it was for the next tool. Wall
-# time, CPU time (user+sys) and peak RSS come from GNU time; repository size from
+# time (to the millisecond), CPU time (user+sys) and peak RSS come from
+# crates/core/examples/timed.rs; repository size from
 # `du -sb`. Rows for cairn alone: a plain parallel walk that lstat()s every file
 # (crates/core/examples/statwalk.rs), the floor under an unchanged backup; a plain
 # parallel write of the tree (crates/core/examples/writefloor.rs: create, write from a
@@ -21,9 +22,8 @@
 # data), with a plain parallel read of the copy as its floor.
 #
 # Prints a table per step and writes the same as markdown to WORKDIR/compare.md. Tools
-# not on PATH are skipped (and listed as such). vykar is not on crates.io, so
-# install-peers.sh does not install it: put a vykar binary on PATH (built from its
-# source, github.com/borgbase/vykar, `cargo build --release -p vykar-cli`) to measure it.
+# not on PATH are skipped (and listed as such). bench/install-peers.sh installs them all,
+# vykar built from its source (it is not on crates.io).
 # Exits non-zero if any step failed or any restore differed from the source.
 #
 # usage: bench/compare.sh [--no-install] [WORKDIR]     (as root: apt, drop_caches)
@@ -56,6 +56,7 @@ cairn=$(build_cairn "$here")
 statwalk=$(build_example "$here" statwalk)
 writefloor=$(build_example "$here" writefloor)
 backupfloor=$(build_example "$here" backupfloor)
+timer=$(build_example "$here" timed)
 
 # ext4 without a journal (as on this VM) skips inodes freed in the last minute, or six
 # while their inode table block is dirty, when it allocates new ones: a restore right

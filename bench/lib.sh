@@ -21,17 +21,10 @@ measure() {
 }
 
 # timed OUT ERR CMD...: runs CMD with its stdout to OUT and stderr to ERR, and prints
-# "WALL CPU RSS" (seconds, user+sys seconds, peak KiB; GNU time's %e, %U+%S, %M). Fails
-# with CMD's status, so a step that fails is never reported as a time.
-timed() {
-  local out=$1 err=$2; shift 2
-  local t; t=$(mktemp)
-  if ! /usr/bin/time -o "$t" -f '%e %U %S %M' "$@" >"$out" 2>"$err"; then
-    rm -f "$t"; return 1
-  fi
-  awk '{ printf "%s %.2f %s\n", $1, $2 + $3, $4 }' "$t"
-  rm -f "$t"
-}
+# "WALL CPU RSS" (seconds to the millisecond, user+sys seconds, peak KiB), measured by
+# crates/core/examples/timed.rs, which the caller builds into $timer (build_example).
+# Fails with CMD's status, so a step that fails is never reported as a time.
+timed() { "$timer" "$@"; }
 
 # Builds cairn in release mode in the checkout $1 and prints the binary's path; with
 # CAIRN_BIN set, prints that instead (to measure a binary built elsewhere).
