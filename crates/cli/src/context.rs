@@ -150,7 +150,7 @@ pub fn state_options() -> Option<StateOptions> {
     let dir = dirs::state_dir().or_else(|| dirs::home_dir().map(|h| h.join(".local/state")))?;
     Some(StateOptions {
         dir: dir.join("cairn"),
-        warn: Arc::new(|w: &str| eprintln!("warning: {w}")),
+        warn: Arc::new(|w: &str| crate::progress::eprint_above_bar(&format!("warning: {w}"))),
     })
 }
 
@@ -534,7 +534,7 @@ fn warn_when_read_around(repo: &mut Repository, name: &str) {
             .unwrap_or_else(|p| p.into_inner())
             .insert(pack);
         if first {
-            eprintln!(
+            crate::progress::eprint_above_bar(&format!(
                 "warning: {}",
                 crate::output::message(&format!(
                     "blob {id} was read from another copy: its copy in pack {pack} of the \
@@ -542,7 +542,7 @@ fn warn_when_read_around(repo: &mut Repository, name: &str) {
                      Run `cairn check --read-data` to see what is damaged and what mends it",
                     cairn_core::error::chain(error)
                 ))
-            );
+            ));
         }
     }));
 }

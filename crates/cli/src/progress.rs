@@ -68,6 +68,24 @@ impl Shared {
     }
 }
 
+/// The bar on the terminal now, if any, so that a warning raised deep inside a command (a
+/// blob read from another copy, evidence of a rollback) is printed above it, not through
+/// it: those hooks are installed when the repository opens, before any bar exists.
+static SHOWN: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// Prints `line` on standard error, above the progress bar if one is shown.
+pub fn eprint_above_bar(line: &str) {
+    let bar = SHOWN.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    match bar {
+        Some(bar) => bar.suspend(|| eprintln!("{line}")),
+        None => eprintln!("{line}"),
+    }
+}
+
+fn show(bar: &ProgressBar) {
+    *SHOWN.lock().unwrap_or_else(|p| p.into_inner()) = Some(bar.clone());
+}
+
 pub struct Progress {
     shared: Arc<Shared>,
     /// Made at once for backup and restore; for phases at the first `progress` call, so a
@@ -92,6 +110,7 @@ impl Progress {
             bar.set_style(style(&p.shared));
             bar.set_prefix(command);
             bar.enable_steady_tick(Duration::from_millis(200));
+            show(&bar);
             let _ = p.bar.set(bar);
         }
         p
@@ -181,6 +200,7 @@ impl Progress {
         }
         if let Some(bar) = self.bar.get() {
             bar.finish_and_clear();
+            *SHOWN.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
         if let Some(events) = self.events.take() {
             events.finish();
@@ -278,6 +298,7 @@ impl Monitor for Progress {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
             bar.set_style(phase_style());
             bar.enable_steady_tick(Duration::from_millis(200));
+            show(&bar);
             bar
         });
         if new_phase {
