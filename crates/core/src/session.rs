@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use cairn_storage::{Storage, StorageError};
 use serde::{Deserialize, Serialize};
@@ -309,6 +309,8 @@ struct State {
     /// Whether this session ever went silent long enough that a prune may have taken it
     /// for crashed: from then on it cannot rely on its observed generation.
     lost: bool,
+    /// A file is to be written now, not at the next interval ([`Session::observe`]).
+    beat_now: bool,
     stop: bool,
 }
 
@@ -339,6 +341,7 @@ impl Session {
                 files: Vec::new(),
                 last_ok: boot_time(),
                 lost: false,
+                beat_now: false,
                 stop: false,
             }),
             wake: Condvar::new(),
@@ -385,10 +388,20 @@ impl Session {
     }
 
     /// Records that this session has read trash generation `observed` (`None`: it could
-    /// not read every trash file) and writes a file saying so at once.
-    pub fn observe(&self, observed: Option<u64>) -> Result<()> {
-        self.shared.lock().info.observed = observed;
-        self.shared.beat()
+    /// not read every trash file), and has the heartbeat thread write a file saying so
+    /// at once, while the caller goes on.
+    ///
+    /// Until that file is stored, the session's newest file says it observed nothing,
+    /// which holds back every deletion (`prune::may_delete`): waiting for the write would
+    /// only make prunes defer less, and it cost an unchanged backup a durable write
+    /// (file and directory fsynced; on S3 a request) before its walk. A failed write is
+    /// retried at the next interval, as a heartbeat's is.
+    pub fn observe(&self, observed: Option<u64>) {
+        let mut state = self.shared.lock();
+        state.info.observed = observed;
+        state.beat_now = true;
+        drop(state);
+        self.shared.wake.notify_all();
     }
 
     /// Writes a file now: afterwards the session is fresh for a while.
@@ -502,27 +515,29 @@ impl Shared {
 
     fn run(&self) {
         let mut state = self.lock();
+        let mut due = Instant::now() + self.interval;
         loop {
             // Checked under the lock before waiting: a stop requested before this thread
             // first waited would otherwise go unseen for a whole interval.
             if state.stop {
                 return;
             }
-            let (next, timeout) = self
-                .wake
-                .wait_timeout(state, self.interval)
-                .unwrap_or_else(|p| p.into_inner());
-            state = next;
-            if state.stop {
-                return;
-            }
-            if timeout.timed_out() {
+            let now = Instant::now();
+            if state.beat_now || now >= due {
+                state.beat_now = false;
                 drop(state);
                 // A failed write is retried at the next interval; `lost` tells whether
                 // the silence grew too long.
                 let _ = self.beat();
+                due = Instant::now() + self.interval;
                 state = self.lock();
+                continue;
             }
+            state = self
+                .wake
+                .wait_timeout(state, due - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
@@ -839,12 +854,102 @@ mod tests {
         assert!(repo.storage().list("sessions").unwrap().is_empty());
     }
 
+    /// A local storage whose writes of session files wait while `closed` is set.
+    #[derive(Debug)]
+    struct Gated {
+        inner: cairn_storage::LocalStorage,
+        closed: Mutex<bool>,
+        opened: Condvar,
+    }
+
+    impl Storage for Gated {
+        fn location(&self) -> String {
+            self.inner.location()
+        }
+        fn read(&self, name: &str) -> cairn_storage::Result<Vec<u8>> {
+            self.inner.read(name)
+        }
+        fn read_range(&self, name: &str, offset: u64, len: u64) -> cairn_storage::Result<Vec<u8>> {
+            self.inner.read_range(name, offset, len)
+        }
+        fn write(&self, name: &str, data: &[u8]) -> cairn_storage::Result<()> {
+            if name.starts_with("sessions/") {
+                let closed = self.closed.lock().unwrap();
+                drop(self.opened.wait_while(closed, |c| *c).unwrap());
+            }
+            self.inner.write(name, data)
+        }
+        fn list(&self, dir: &str) -> cairn_storage::Result<Vec<String>> {
+            self.inner.list(dir)
+        }
+        fn list_modified(&self, dir: &str) -> cairn_storage::Result<Vec<(String, SystemTime)>> {
+            self.inner.list_modified(dir)
+        }
+        fn temporaries(&self) -> cairn_storage::Result<Vec<(String, SystemTime)>> {
+            self.inner.temporaries()
+        }
+        fn delete_temporary(&self, name: &str) -> cairn_storage::Result<()> {
+            self.inner.delete_temporary(name)
+        }
+        fn size(&self, name: &str) -> cairn_storage::Result<u64> {
+            self.inner.size(name)
+        }
+        fn exists(&self, name: &str) -> cairn_storage::Result<bool> {
+            self.inner.exists(name)
+        }
+        fn delete(&self, name: &str) -> cairn_storage::Result<()> {
+            self.inner.delete(name)
+        }
+    }
+
+    /// `observe` does not wait for the file that records it (a durable write before an
+    /// unchanged backup's walk), and that file is written at once, not a heartbeat
+    /// interval (300 s) later.
+    #[test]
+    fn observe_returns_at_once_and_its_file_follows_without_waiting_for_a_heartbeat() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(repository(dir.path()));
+        let gated = Arc::new(Gated {
+            inner: cairn_storage::LocalStorage::new(dir.path()),
+            closed: Mutex::new(false),
+            opened: Condvar::new(),
+        });
+        let repo = Repository::open(gated.clone(), b"pw".as_slice()).unwrap();
+        let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
+        *gated.closed.lock().unwrap() = true;
+        let (done, returned) = std::sync::mpsc::channel();
+        let session = std::thread::spawn(move || {
+            session.observe(Some(4));
+            done.send(()).unwrap();
+            session
+        });
+        let observed = returned.recv_timeout(Duration::from_secs(10));
+        *gated.closed.lock().unwrap() = false;
+        gated.opened.notify_all();
+        assert_eq!(observed, Ok(()), "observe returned while its write was held");
+        let session = session.join().unwrap();
+        let says = || {
+            list(&repo)
+                .unwrap()
+                .iter()
+                .filter_map(|v| v.info.as_ref().map(|i| i.observed))
+                .collect::<Vec<_>>()
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while says() != [Some(4)] {
+            assert!(Instant::now() < deadline, "no file says observed 4: {:?}", says());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        session.finish();
+        assert!(repo.storage().list("sessions").unwrap().is_empty());
+    }
+
     #[test]
     fn a_dropped_session_leaves_one_file_that_says_it_stopped() {
         let dir = tempfile::tempdir().unwrap();
         let repo = repository(dir.path());
         let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
-        session.observe(Some(3)).unwrap();
+        session.observe(Some(3));
         session.beat().unwrap();
         drop(session);
         let views = list(&repo).unwrap();

@@ -31,7 +31,7 @@ fn a_pack_marked_missing_but_stored_waits_for_live_sessions_like_one_condemned_n
     // A backup that read the trash (generation 0) and is still running.
     let backup = open().unwrap();
     let session = Session::start(&backup, SessionKind::Backup, "laptop").unwrap();
-    session.observe(Some(0)).unwrap();
+    session.observe(Some(0));
 
     let mut owner = open().unwrap();
     let report = prune(&mut owner, &PruneOptions::default(), &NullMonitor).unwrap();

@@ -171,7 +171,7 @@ fn begin(repo: &mut Repository, opts: &BackupOptions) -> Result<(Option<Session>
     }
     let session = Session::start(repo, SessionKind::Backup, &opts.host)?;
     let observed = repo.load_index()?;
-    session.observe(observed)?;
+    session.observe(observed);
     let adopted = adopt_after_ended_sessions(repo, &session)?;
     Ok((Some(session), adopted))
 }

@@ -67,7 +67,7 @@ pub fn copy(
     let started = Instant::now();
     let session = Session::start(dst, SessionKind::Backup, &opts.host)?;
     let observed = dst.load_index()?;
-    session.observe(observed)?;
+    session.observe(observed);
     let mut report = CopyReport {
         shared_ids: src.key().shares_ids_with(dst.key()),
         ..CopyReport::default()

@@ -280,7 +280,7 @@ pub fn repair_snapshots(
                 &crate::session::local_host_name(),
             )?;
             let observed = repo.load_index()?;
-            session.observe(observed)?;
+            session.observe(observed);
             Some(session)
         }
     };

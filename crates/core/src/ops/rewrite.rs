@@ -150,7 +150,7 @@ pub fn rewrite(
                 &crate::session::local_host_name(),
             )?;
             let observed = repo.load_index()?;
-            s.observe(observed)?;
+            s.observe(observed);
             Some(s)
         }
     };
