@@ -11,8 +11,18 @@ prepare_linux_tree() {
   echo "$src"
 }
 
-# Empties the page cache where allowed (root), so reads come from disk.
-drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+# Empties the page cache where allowed (root), so reads come from disk; then waits 3 s.
+# A VM whose balloon device reports free memory to its host (virtio_balloon's free page
+# reporting, as on the VMs of docs/BENCHMARKS.md) hands back memory left free for 2 s,
+# and the next use of it faults on the host: a restore of the mixed corpus took 0.75-0.85 s
+# started at once after dropping the cache and 1.05-1.62 s started 20 s later (1.0-1.1
+# against 1.7-2.8 CPU s). Without the wait, how much of that a step paid depended on
+# what ran before it: the first tool after an idle spell paid the most.
+drop_caches() {
+  sync
+  echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+  sleep 3
+}
 
 # measure NAME CMD...: runs CMD with its stdout discarded and prints wall, CPU and RSS.
 measure() {

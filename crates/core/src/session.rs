@@ -926,7 +926,11 @@ mod tests {
         let observed = returned.recv_timeout(Duration::from_secs(10));
         *gated.closed.lock().unwrap() = false;
         gated.opened.notify_all();
-        assert_eq!(observed, Ok(()), "observe returned while its write was held");
+        assert_eq!(
+            observed,
+            Ok(()),
+            "observe returned while its write was held"
+        );
         let session = session.join().unwrap();
         let says = || {
             list(&repo)
@@ -937,7 +941,11 @@ mod tests {
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while says() != [Some(4)] {
-            assert!(Instant::now() < deadline, "no file says observed 4: {:?}", says());
+            assert!(
+                Instant::now() < deadline,
+                "no file says observed 4: {:?}",
+                says()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         session.finish();
