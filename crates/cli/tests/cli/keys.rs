@@ -448,6 +448,66 @@ fn an_older_copy_of_the_repository_put_back_in_its_place_is_warned_of() {
     assert!(stderr(&out).contains("rolled back"), "{}", stderr(&out));
 }
 
+/// A warning raised while the progress bar is on the terminal (rollback evidence, from a
+/// backup's listing of the snapshots) is printed above the bar: the bar's line is erased
+/// first, so the warning does not start in the middle of it (before, it followed the bar's
+/// text on the same line). The terminal is `script`'s.
+#[test]
+fn a_warning_during_a_backup_on_a_terminal_is_printed_above_the_bar() {
+    let env = TestEnv::with_small_chunk_repo();
+    two_backups(&env);
+    let old = env.path("old-copy");
+    copy_tree(&env.repo, &old);
+    forget_and_prune(&env);
+    fs::remove_dir_all(&env.repo).unwrap();
+    copy_tree(&old, &env.repo);
+
+    let typescript = env.path("typescript");
+    let line = format!(
+        "'{}' -r '{}' backup '{}'",
+        cairn_bin().display(),
+        env.repo.display(),
+        env.path("src").display()
+    );
+    let out = spawnable_program(&env, "script")
+        // A terminal that draws: `console` hides the bar where TERM is unset or dumb.
+        .env("TERM", "xterm")
+        .args(["-qfec", &line])
+        .arg(&typescript)
+        .output()
+        .unwrap();
+    assert_success(&out, "cairn backup on script's terminal");
+    let shown = fs::read(&typescript).unwrap();
+    let warning = b"warning: the storage may have been rolled back";
+    let at = shown
+        .windows(warning.len())
+        .position(|w| w == warning)
+        .unwrap_or_else(|| panic!("no warning: {}", String::from_utf8_lossy(&shown)));
+    // What the terminal shows before the warning on its line: the text after the last
+    // carriage return, less escape sequences (cursor moves, erasures).
+    let line_start = shown[..at]
+        .iter()
+        .rposition(|&b| b == b'\r' || b == b'\n')
+        .map_or(0, |i| i + 1);
+    let mut visible = Vec::new();
+    let mut rest = shown[line_start..at].iter().copied().peekable();
+    while let Some(b) = rest.next() {
+        if b == 0x1b {
+            // ESC [ parameters, then one final byte in @..~.
+            if rest.next_if_eq(&b'[').is_some() {
+                while rest.next().is_some_and(|c| !(0x40..=0x7e).contains(&c)) {}
+            }
+        } else {
+            visible.push(b);
+        }
+    }
+    assert!(
+        visible.iter().all(|b| b.is_ascii_whitespace()),
+        "the warning shares its line with {:?}",
+        String::from_utf8_lossy(&visible)
+    );
+}
+
 #[test]
 fn no_rollback_no_warning() {
     let env = TestEnv::with_small_chunk_repo();
