@@ -681,32 +681,39 @@ mod tests {
         }
     }
 
-    /// A storage where the first read of a session file finds it replaced, as a
-    /// heartbeat replaces it: the next file is written and the listed one deleted
-    /// between the listing and the read.
-    #[derive(Debug)]
-    struct Heartbeating<'a> {
-        inner: &'a dyn Storage,
-        next: Mutex<Option<(String, Vec<u8>)>>,
+    type Hook = Box<dyn Fn(&dyn Storage, &str) -> cairn_storage::Result<()> + Send + Sync>;
+
+    /// A storage that calls `before_read` before each read and `before_write` before
+    /// each write, with the storage beneath and the name.
+    struct Hooked {
+        inner: Arc<dyn Storage>,
+        before_read: Hook,
+        before_write: Hook,
     }
 
-    impl Storage for Heartbeating<'_> {
+    fn no_hook() -> Hook {
+        Box::new(|_, _| Ok(()))
+    }
+
+    impl std::fmt::Debug for Hooked {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Hooked").finish_non_exhaustive()
+        }
+    }
+
+    impl Storage for Hooked {
         fn location(&self) -> String {
             self.inner.location()
         }
         fn read(&self, name: &str) -> cairn_storage::Result<Vec<u8>> {
-            if name.starts_with("sessions/") {
-                if let Some((next, bytes)) = self.next.lock().unwrap().take() {
-                    self.inner.write(&next, &bytes)?;
-                    self.inner.delete(name)?;
-                }
-            }
+            (self.before_read)(self.inner.as_ref(), name)?;
             self.inner.read(name)
         }
         fn read_range(&self, name: &str, offset: u64, len: u64) -> cairn_storage::Result<Vec<u8>> {
             self.inner.read_range(name, offset, len)
         }
         fn write(&self, name: &str, data: &[u8]) -> cairn_storage::Result<()> {
+            (self.before_write)(self.inner.as_ref(), name)?;
             self.inner.write(name, data)
         }
         fn list(&self, dir: &str) -> cairn_storage::Result<Vec<String>> {
@@ -752,9 +759,22 @@ mod tests {
         let (first, bytes) = sealed(1);
         repo.storage().write(&first, &bytes).unwrap();
         let next = sealed(2);
-        let storage = Heartbeating {
-            inner: repo.storage().as_ref(),
-            next: Mutex::new(Some(next.clone())),
+        // The first read of a session file finds it replaced, as a heartbeat replaces
+        // it: the next file is written and the listed one deleted between the listing
+        // and the read.
+        let replacement = Mutex::new(Some(next.clone()));
+        let storage = Hooked {
+            inner: Arc::clone(repo.storage()),
+            before_read: Box::new(move |inner, name| {
+                if name.starts_with("sessions/") {
+                    if let Some((next, bytes)) = replacement.lock().unwrap().take() {
+                        inner.write(&next, &bytes)?;
+                        inner.delete(name)?;
+                    }
+                }
+                Ok(())
+            }),
+            before_write: no_hook(),
         };
         let views = list_in(&storage, repo.key()).unwrap();
         assert_eq!(views.len(), 1, "one session, seen once");
@@ -854,54 +874,6 @@ mod tests {
         assert!(repo.storage().list("sessions").unwrap().is_empty());
     }
 
-    /// A local storage whose writes of session files wait while `closed` is set.
-    #[derive(Debug)]
-    struct Gated {
-        inner: cairn_storage::LocalStorage,
-        closed: Mutex<bool>,
-        opened: Condvar,
-    }
-
-    impl Storage for Gated {
-        fn location(&self) -> String {
-            self.inner.location()
-        }
-        fn read(&self, name: &str) -> cairn_storage::Result<Vec<u8>> {
-            self.inner.read(name)
-        }
-        fn read_range(&self, name: &str, offset: u64, len: u64) -> cairn_storage::Result<Vec<u8>> {
-            self.inner.read_range(name, offset, len)
-        }
-        fn write(&self, name: &str, data: &[u8]) -> cairn_storage::Result<()> {
-            if name.starts_with("sessions/") {
-                let closed = self.closed.lock().unwrap();
-                drop(self.opened.wait_while(closed, |c| *c).unwrap());
-            }
-            self.inner.write(name, data)
-        }
-        fn list(&self, dir: &str) -> cairn_storage::Result<Vec<String>> {
-            self.inner.list(dir)
-        }
-        fn list_modified(&self, dir: &str) -> cairn_storage::Result<Vec<(String, SystemTime)>> {
-            self.inner.list_modified(dir)
-        }
-        fn temporaries(&self) -> cairn_storage::Result<Vec<(String, SystemTime)>> {
-            self.inner.temporaries()
-        }
-        fn delete_temporary(&self, name: &str) -> cairn_storage::Result<()> {
-            self.inner.delete_temporary(name)
-        }
-        fn size(&self, name: &str) -> cairn_storage::Result<u64> {
-            self.inner.size(name)
-        }
-        fn exists(&self, name: &str) -> cairn_storage::Result<bool> {
-            self.inner.exists(name)
-        }
-        fn delete(&self, name: &str) -> cairn_storage::Result<()> {
-            self.inner.delete(name)
-        }
-    }
-
     /// `observe` does not wait for the file that records it (a durable write before an
     /// unchanged backup's walk), and that file is written at once, not a heartbeat
     /// interval (300 s) later.
@@ -909,14 +881,23 @@ mod tests {
     fn observe_returns_at_once_and_its_file_follows_without_waiting_for_a_heartbeat() {
         let dir = tempfile::tempdir().unwrap();
         drop(repository(dir.path()));
-        let gated = Arc::new(Gated {
-            inner: cairn_storage::LocalStorage::new(dir.path()),
-            closed: Mutex::new(false),
-            opened: Condvar::new(),
-        });
-        let repo = Repository::open(gated.clone(), b"pw".as_slice()).unwrap();
+        // Writes of session files wait while the gate is closed.
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let held = Arc::clone(&gate);
+        let gated = Hooked {
+            inner: Arc::new(cairn_storage::LocalStorage::new(dir.path())),
+            before_read: no_hook(),
+            before_write: Box::new(move |_, name| {
+                if name.starts_with("sessions/") {
+                    let (closed, opened) = &*held;
+                    drop(opened.wait_while(closed.lock().unwrap(), |c| *c).unwrap());
+                }
+                Ok(())
+            }),
+        };
+        let repo = Repository::open(Arc::new(gated), b"pw".as_slice()).unwrap();
         let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
-        *gated.closed.lock().unwrap() = true;
+        *gate.0.lock().unwrap() = true;
         let (done, returned) = std::sync::mpsc::channel();
         let session = std::thread::spawn(move || {
             session.observe(Some(4));
@@ -924,8 +905,8 @@ mod tests {
             session
         });
         let observed = returned.recv_timeout(Duration::from_secs(10));
-        *gated.closed.lock().unwrap() = false;
-        gated.opened.notify_all();
+        *gate.0.lock().unwrap() = false;
+        gate.1.notify_all();
         assert_eq!(
             observed,
             Ok(()),
