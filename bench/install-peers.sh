@@ -33,9 +33,9 @@ install_crate conserve conserve
 # vykar: `cargo build -p vykar-cli` in its own workspace (its Cargo.lock), the binary
 # copied beside cargo's others.
 if missing vykar; then
-  src=${VYKAR_SRC:-}
+  src=${VYKAR_SRC:-} clone=
   if [ -z "$src" ]; then
-    src=$(mktemp -d /tmp/vykar-src.XXXXXX)
+    clone=$(mktemp -d /tmp/vykar-src.XXXXXX) src=$clone
     if ! git clone -q --depth 1 --branch v0.19.1 https://github.com/borgbase/vykar "$src" 2>/dev/null; then
       echo "vykar not installed: cannot clone github.com/borgbase/vykar; set VYKAR_SRC to a checkout of it" >&2
       src=
@@ -47,4 +47,6 @@ if missing vykar; then
     bin=${CARGO_HOME:-$HOME/.cargo}/bin
     mkdir -p "$bin" && install -m 0755 "$src/target/release/vykar" "$bin/vykar"
   fi
+  # The clone and its build (about a gigabyte) are not needed once vykar is installed.
+  [ -z "$clone" ] || rm -rf "$clone"
 fi

@@ -94,7 +94,11 @@ impl Sim {
                     .expect("a session")
                     .info
                     .observed = observed;
-                self.beat(a);
+                // `Session::observe` leaves the file to the heartbeat thread, which writes
+                // it at once (at its next turn here) while the backup goes on, or, if that
+                // write fails, at the next interval.
+                let now = self.st.now;
+                self.actors[a].sess.as_mut().expect("a session").next_beat = now;
                 self.backup(a).step = BStep::Adopt;
             }
             // A writer can neither judge sessions nor read packs' headers.
