@@ -7,9 +7,10 @@
 #
 # For each corpus and tool: init, first backup (page cache dropped), unchanged second
 # backup (the median of three runs), a backup after in-place changes (bench/corpus.py
-# change: overwritten ranges, appends, new files), restore of that last snapshot (page
-# cache dropped) into an empty directory, checked against the source with
-# `diff -r --no-dereference`; then the tree goes back as it was for the next tool. Wall
+# change: overwritten ranges, appends, new files); then the tree goes back as it was for
+# the next tool. Then every tool restores its last snapshot into an empty directory
+# (page cache dropped), three times, the tools taking turns, and the median run counts;
+# each restored tree is checked against the source with `diff -r --no-dereference`. Wall
 # time (to the millisecond), CPU time (user+sys) and peak RSS come from
 # crates/core/examples/timed.rs; repository size from
 # `du -sb`. Rows for cairn alone: a plain parallel walk that lstat()s every file
@@ -32,6 +33,9 @@
 #   CAIRN_BENCH_TOOLS="cairn restic ...": measure only these (default: all seven)
 #   CAIRN_BENCH_CORPORA="linux mixed": the corpora, in order (default: both)
 #   CAIRN_BENCH_REPEAT=N: runs of the unchanged backup and the walk (median; default 3)
+#   CAIRN_BENCH_RESTORES=N: runs of each restore (median; default 3). Every restored tree
+#     is kept until its corpus is done: the disk needs (tools + 1) x N + 3 times the
+#     corpus's size (1.3 GB for the Linux tree) free, with the repositories.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 install=1
@@ -101,10 +105,10 @@ printf 'repositories:\n  - label: bench\n    url: %s\n' "$work/repos/vykar" >"$w
 # tool_cmd TOOL STEP [RUN]: sets `cmd` to TOOL's command line for STEP (init, backup1,
 # backup2, backup3, restore); a repeated step's later runs name their snapshot STEP.RUN
 # where the tool wants names of its own (borg, bupstash). Backups are of the same
-# absolute path ($src) for every tool; restores go into $work/restore/TOOL, which exists
-# and is empty, and restore the last snapshot (backup3).
+# absolute path ($src) for every tool; restores go into $work/restore/TOOL/RUN, which
+# exists and is empty, and restore the last snapshot (backup3).
 tool_cmd() {
-  local repo="$work/repos/$1" dest="$work/restore/$1" name=$2
+  local repo="$work/repos/$1" dest="$work/restore/$1/${3:-1}" name=$2
   [ "${3:-1}" -gt 1 ] && name="$2.$3"
   case $1:$2 in
     cairn:init) cmd=("$cairn" init -q) ;;
@@ -151,15 +155,20 @@ fail() {
 # Runs of the unchanged backup and the plain walk, whose median is recorded: they take
 # under a second, where one run on a shared machine moves the ratio by 15%.
 repeats=${CAIRN_BENCH_REPEAT:-3}
+# Runs of each restore (and of the plain write), interleaved between the tools, whose
+# median is recorded: one run of the same restore took 0.65 s to 1.65 s on this VM
+# (cairn, mixed corpus, cache dropped each time), and the tool restoring after another
+# had just used a gigabyte paid more (see drop_caches in bench/lib.sh).
+restores=${CAIRN_BENCH_RESTORES:-3}
 
 # median RUN...: of `timed` outputs, the one with the median wall time.
 median() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
 
-# step TOOL STEP: times one step, records it with the repository's size after it (none
-# after a restore) and prints it. The tool's output goes to $work/logs/TOOL-STEP.*. The
-# unchanged backup is timed $repeats times (each a new snapshot of the same tree).
+# step TOOL STEP: times one step, records it with the repository's size after it and
+# prints it. The tool's output goes to $work/logs/TOOL-STEP.*. The unchanged backup is
+# timed $repeats times (each a new snapshot of the same tree).
 step() {
-  local tool=$1 s=$2 log="$work/logs/$corpus/$1-$2" m size=- wall cpu rss n=1 r runs=()
+  local tool=$1 s=$2 log="$work/logs/$corpus/$1-$2" m size wall cpu rss n=1 r runs=()
   [ "$s" = backup2 ] && n=$repeats
   for ((r = 1; r <= n; r++)); do
     tool_cmd "$tool" "$s" "$r"
@@ -171,25 +180,83 @@ step() {
     runs+=("$m")
   done
   m=$(median "${runs[@]}")
-  [ "$s" = restore ] || size=$({ du -sb "$work/repos/$tool" 2>/dev/null || echo -; } | cut -f1)
+  size=$({ du -sb "$work/repos/$tool" 2>/dev/null || echo -; } | cut -f1)
   read -r wall cpu rss <<<"$m"
   record "$s" "$tool" "$wall" "$cpu" "$rss" "$size"
   printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS\n' "$tool" "$s" "$wall" "$cpu" $((rss / 1024))
 }
 
-# verify TOOL: compares the restored tree with the source, wherever under the target the
-# tool put it (restic, borg, rustic and cairn keep the absolute path; bupstash, conserve
-# and vykar restore the directory's contents).
+# restore_runs: every tool's restore of its last backup, and the plain parallel write,
+# $restores times each, taking turns (cairn, the next tool, ..., the write; then again),
+# the page cache dropped before each; records the median run of each. Every restored
+# tree is compared with the source and kept until the corpus is done.
+restore_runs() {
+  local tool r m log wall cpu rss rest lines
+  local -A runs=() failed=()
+  python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 1
+  for ((r = 1; r <= restores; r++)); do
+    for tool in "${restorable[@]}" writefloor; do
+      [ -n "${failed[$tool]:-}" ] && continue
+      log="$work/logs/$corpus/$tool-restore"
+      drop_caches
+      if [ "$tool" = writefloor ]; then
+        # The floor times its write phase itself, after reading the source; peak memory
+        # is that of the whole tree, so none.
+        mkdir -p "$work/restore/writefloor"
+        if "$writefloor" "$src" "$work/restore/writefloor/$r" >"$log.out" 2>"$log.err"; then
+          read -r wall cpu rest <"$log.out"
+          runs[$tool]+="$wall $cpu -"$'\n'
+        else
+          fail "writefloor failed" "$log.err"
+          failed[$tool]=failed
+        fi
+        continue
+      fi
+      tool_env "$tool"
+      mkdir -p "$work/restore/$tool/$r"
+      tool_cmd "$tool" restore "$r"
+      if m=$(timed "$log.out" "$log.err" "${cmd[@]}"); then
+        runs[$tool]+="$m"$'\n'
+        verify "$tool" "$r" || failed[$tool]=DIFFERS
+      else
+        fail "$tool restore failed" "$log.err"
+        failed[$tool]=failed
+      fi
+    done
+  done
+  for tool in "${restorable[@]}" writefloor; do
+    case ${failed[$tool]:-} in
+      failed) [ "$tool" = writefloor ] || record restore "$tool" failed; continue ;;
+      DIFFERS) record verify "$tool" DIFFERS; continue ;;
+    esac
+    mapfile -t lines <<<"${runs[$tool]%$'\n'}"
+    m=$(median "${lines[@]}")
+    read -r wall cpu rss <<<"$m"
+    if [ "$tool" = writefloor ]; then
+      record restore "plain parallel write" "$wall" "$cpu" - -
+      printf '  %-9s %-8s %8s s wall %8s s CPU  (median of %d)\n' writefloor write "$wall" "$cpu" "$restores"
+    else
+      record restore "$tool" "$wall" "$cpu" "$rss" -
+      record verify "$tool" identical
+      printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS  (median of %d)\n' "$tool" restore \
+        "$wall" "$cpu" $((rss / 1024)) "$restores"
+    fi
+  done
+  python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 0
+}
+
+# verify TOOL RUN: compares a restored tree with the source, wherever under the target
+# the tool put it (restic, borg, rustic and cairn keep the absolute path; bupstash,
+# conserve and vykar restore the directory's contents); fails if it differs.
 verify() {
-  local tool=$1 dest="$work/restore/$1" got log="$work/logs/$corpus/$1-diff"
+  local tool=$1 dest="$work/restore/$1/$2" got log="$work/logs/$corpus/$1-diff"
   got=$(find "$dest" -type d -name "$leaf" -print -quit)
   if [ -n "$got" ] && diff -r --no-dereference "$src/$leaf" "$got" >"$log" 2>&1; then
-    record verify "$tool" identical
-  else
-    [ -n "$got" ] || echo "no $leaf under $dest" >>"$log"
-    fail "$tool restore DIFFERS from the source" "$log"
-    record verify "$tool" DIFFERS
+    return 0
   fi
+  [ -n "$got" ] || echo "no $leaf under $dest" >>"$log"
+  fail "$tool restore $2 DIFFERS from the source" "$log"
+  return 1
 }
 
 # The cairn-only rows, with cairn's repository holding the first and second backups.
@@ -206,19 +273,6 @@ walk_row() {
   record walk "plain parallel walk" "$wall" "$cpu" "$rss" -
   printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS  (%s)\n' statwalk walk "$wall" "$cpu" \
     $((rss / 1024)) "$(cat "$log.out")"
-}
-
-# The floor under a restore: the tree written from memory into an empty directory (kept
-# until the corpus is done, as the restores are). The program times its write phase
-# itself, after reading the source; peak memory is that of the whole tree, so none.
-write_row() {
-  local log="$work/logs/$corpus/writefloor" wall cpu rest
-  if ! "$writefloor" "$src" "$work/restore/writefloor" >"$log.out" 2>"$log.err"; then
-    fail "writefloor failed" "$log.err"; return 0
-  fi
-  read -r wall cpu rest <"$log.out"
-  record restore "plain parallel write" "$wall" "$cpu" - -
-  printf '  %-9s %-8s %8s s wall %8s s CPU  (%s)\n' writefloor write "$wall" "$cpu" "$rest"
 }
 
 # The floor under a first backup on this disk: the tree read with every core while as
@@ -266,13 +320,21 @@ duplicate_row() {
 
 # run_tool TOOL: every step of one tool, in a cache and config home of its own (so no
 # earlier run or user setting counts). Stops at the first failed step.
+# tool_env TOOL: a cache and config home of TOOL's own (so no earlier run or user setting
+# counts).
+tool_env() {
+  export XDG_CACHE_HOME="$work/cache/$1" XDG_CONFIG_HOME="$work/cache/$1/config" \
+    BORG_BASE_DIR="$work/cache/$1"
+  # cairn's default repository, and nothing else, lands under its directory of repos/.
+  if [ "$1" = cairn ]; then export XDG_DATA_HOME="$work/repos/cairn"; else unset XDG_DATA_HOME; fi
+  mkdir -p "$XDG_CACHE_HOME" "$work/restore/$1"
+}
+
+# run_tool TOOL: the backups of one tool, stopping at the first failed step; a tool whose
+# backups all ran joins `restorable`, whose restores restore_runs times afterwards.
 run_tool() {
   local tool=$1
-  export XDG_CACHE_HOME="$work/cache/$tool" XDG_CONFIG_HOME="$work/cache/$tool/config" \
-    BORG_BASE_DIR="$work/cache/$tool"
-  # cairn's default repository, and nothing else, lands under its directory of repos/.
-  if [ "$tool" = cairn ]; then export XDG_DATA_HOME="$work/repos/cairn"; else unset XDG_DATA_HOME; fi
-  mkdir -p "$XDG_CACHE_HOME" "$work/restore/$tool"
+  tool_env "$tool"
   echo "== $tool"
   step "$tool" init || return 0
   drop_caches; step "$tool" backup1 || return 0
@@ -280,15 +342,8 @@ run_tool() {
   [ "$tool" = cairn ] && walk_row
   python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 1
   step "$tool" backup3 || return 0
-  drop_caches; step "$tool" restore || return 0
-  verify "$tool"
-  # After a sync, as each restore starts: the restore's dirty pages written back first.
-  [ "$tool" = cairn ] && drop_caches && write_row
-  [ "$tool" = cairn ] && duplicate_row
-  # Restored trees and repositories stay until the corpus is done (about 12 GB for
-  # either): see the comment on deletions above. (The explicit status: the line above is
-  # false for the other tools, and `set -e` would stop the run.)
-  return 0
+  # Repositories stay until the corpus is done: see the comment on deletions above.
+  restorable+=("$tool")
 }
 
 version_of() {
@@ -310,7 +365,7 @@ for t in "${tools[@]}"; do versions+=("$(version_of "$t")"); done
 # render text|md: the results as one table per step. For each step, a last row gives
 # cairn's wall time, peak RSS and repository size over the best of the other tools.
 render() {
-  awk -F'\t' -v fmt="$1" -v src_bytes="$src_bytes" '
+  awk -F'\t' -v fmt="$1" -v src_bytes="$src_bytes" -v restores="$restores" '
     function mib(b) { return b == "-" ? "-" : sprintf("%.1f", b / 1048576) }
     function kib(k) { return k == "-" ? "-" : mib(k * 1024) }
     function ratio(c, best, who) {
@@ -378,7 +433,7 @@ render() {
           fmt == "md" ? "\n" : "  ", wall["backup2", "cairn"] / wall["backup2", "plain parallel walk"],
           fmt == "md" ? "×" : "x", fmt == "md" ? "×" : "x"
       table("backup3", "backup after in-place changes (bench/corpus.py change)")
-      table("restore", "restore of that last backup (page cache dropped first)", "identical to source")
+      table("restore", "restore of that last backup (page cache dropped first; the median of " restores " runs, the tools taking turns)", "identical to source")
       if (("restore", "plain parallel write") in wall && ("restore", "cairn") in wall &&
           wall["restore", "cairn"] != "failed" && wall["restore", "plain parallel write"] > 0)
         printf "%scairn restore / plain parallel write (create, write from a cache-hot buffer, close; all cores): %.2f%s\n",
@@ -432,10 +487,15 @@ run_corpus() {
   src_bytes=$(du -sb "$src" | cut -f1)
   src_files=$(find "$src" -type f | wc -l)
   echo "corpus $corpus: $src ($src_bytes bytes in $src_files files)"
+  restorable=()
   for t in "${tools[@]}"; do
     run_tool "$t"
     python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 0
   done
+  echo "== restores, taking turns"
+  restore_runs
+  # After the restores, which restore the latest snapshot.
+  if [[ " ${restorable[*]} " == *" cairn "* ]]; then tool_env cairn; duplicate_row; fi
   read_write_row
   render text
   {
