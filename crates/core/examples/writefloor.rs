@@ -11,7 +11,11 @@
 //! `bench/compare.sh` prints it beside the restores: the part of a restore's time that
 //! is the kernel creating files and taking their bytes into the page cache.
 //!
-//! usage: cargo run --release -p cairn-core --example writefloor -- SOURCE TARGET
+//! With `--unnamed`, each file is created unnamed (`O_TMPFILE`) and linked into place
+//! once written (`linkat` with `AT_EMPTY_PATH`), as restore writes a file of one part so
+//! that a killed restore leaves no partial file: what that costs over `O_CREAT`.
+//!
+//! usage: cargo run --release -p cairn-core --example writefloor -- [--unnamed] SOURCE TARGET
 
 use std::ffi::OsString;
 use std::fs::{self, File};
@@ -21,7 +25,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-use rustix::fs::{Mode, OFlags};
+use rustix::fs::{AtFlags, Mode, OFlags};
 
 #[path = "shared/cpu.rs"]
 mod cpu;
@@ -62,8 +66,8 @@ fn load(root: &Path) -> std::io::Result<Vec<Dir>> {
 }
 
 /// Creates the files and links of one directory, relative to its descriptor as a
-/// restore does.
-fn write(target: &Path, (dir, items): &Dir, piece: &[u8]) -> std::io::Result<()> {
+/// restore does; each file unnamed and then linked if `unnamed`.
+fn write(target: &Path, (dir, items): &Dir, piece: &[u8], unnamed: bool) -> std::io::Result<()> {
     let fd = rustix::fs::open(
         target.join(dir),
         OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
@@ -72,18 +76,22 @@ fn write(target: &Path, (dir, items): &Dir, piece: &[u8]) -> std::io::Result<()>
     for (name, item) in items {
         match item {
             Item::File(len) => {
-                let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
-                let mut file = File::from(rustix::fs::openat(
-                    &fd,
-                    name,
-                    flags,
-                    Mode::from_raw_mode(0o644),
-                )?);
+                let mode = Mode::from_raw_mode(0o644);
+                let mut file = File::from(if unnamed {
+                    let flags = OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC;
+                    rustix::fs::openat(&fd, ".", flags, mode)?
+                } else {
+                    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC;
+                    rustix::fs::openat(&fd, name, flags, mode)?
+                });
                 let mut left = *len;
                 while left > 0 {
                     let n = left.min(piece.len() as u64) as usize;
                     file.write_all(&piece[..n])?;
                     left -= n as u64;
+                }
+                if unnamed {
+                    rustix::fs::linkat(&file, "", &fd, name, AtFlags::EMPTY_PATH)?;
                 }
             }
             Item::Link(to) => rustix::fs::symlinkat(to, &fd, name)?,
@@ -93,9 +101,13 @@ fn write(target: &Path, (dir, items): &Dir, piece: &[u8]) -> std::io::Result<()>
 }
 
 fn main() -> ExitCode {
-    let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    let mut args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    let unnamed = args.first().is_some_and(|a| a.as_os_str() == "--unnamed");
+    if unnamed {
+        args.remove(0);
+    }
     let [source, target] = args.as_slice() else {
-        eprintln!("usage: writefloor SOURCE TARGET");
+        eprintln!("usage: writefloor [--unnamed] SOURCE TARGET");
         return ExitCode::from(2);
     };
     let dirs = match load(source) {
@@ -132,7 +144,7 @@ fn main() -> ExitCode {
         for _ in 0..threads {
             s.spawn(|| {
                 while let Some(dir) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    if let Err(err) = write(target, dir, &piece) {
+                    if let Err(err) = write(target, dir, &piece, unnamed) {
                         eprintln!("writefloor: writing in {}: {err}", dir.0.display());
                         failed.fetch_add(1, Ordering::Relaxed);
                     }
