@@ -105,7 +105,9 @@ const WRITER_SNAPSHOTS_KEPT: usize = 100;
 /// snapshots `cairn snapshots` took 18-22 ms on one thread and 16-21 ms on two (2 cores),
 /// at 3 MiB more peak RSS, and with 98 no faster. A remote store's time is spent waiting
 /// for answers (the cache holds the files after the first read), so there each thread
-/// takes a few requests, up to 16 at once as restore sends.
+/// takes a few requests, up to 16 at once as restore sends: 120 snapshots on Garage on
+/// loopback, cache empty, 125-158 ms on one thread, 108-131 ms on sixteen; each request
+/// further away waits longer, and the waits now overlap.
 fn snapshot_readers(count: usize, remote: bool) -> usize {
     let (most, each) = match remote {
         true => (16, 4),
