@@ -3,7 +3,9 @@
 //! extended attributes of every entry) and read their trees in the parent snapshot, so
 //! the walking thread mostly compares and builds trees. The system calls of many
 //! directories are then in flight at once, which is what a cold disk needs, and on a warm
-//! cache they run on all cores.
+//! cache they run on all cores. The threads take directories in the order asked for,
+//! breadth first; the walk goes depth first, and lists a directory no thread has begun
+//! itself rather than wait behind the others.
 
 use std::collections::HashMap;
 use std::fs::Metadata;
@@ -11,6 +13,8 @@ use std::io;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -120,7 +124,16 @@ struct Job {
     dir: PathBuf,
     reread: bool,
     parent: Option<BlobId>,
+    /// Set by whoever lists the directory: a listing thread, or the walk itself when it
+    /// needs the directory before any thread has begun it.
+    taken: Arc<AtomicBool>,
     done: Sender<Listing>,
+}
+
+/// A listing asked for: taken by a thread when it begins.
+struct Waiting {
+    taken: Arc<AtomicBool>,
+    listing: Receiver<Listing>,
 }
 
 /// The listing threads and the listings they owe the walk.
@@ -130,7 +143,10 @@ pub struct Lookahead<'a> {
     /// Read every entry's extended attributes (`--force`).
     reread: bool,
     jobs: Sender<Job>,
-    waiting: HashMap<PathBuf, Receiver<Listing>>,
+    /// Keeps the queue open with no listing thread (`threads` 0: the walk lists every
+    /// directory itself).
+    _queue: Receiver<Job>,
+    waiting: HashMap<PathBuf, Waiting>,
 }
 
 impl<'a> Lookahead<'a> {
@@ -142,10 +158,14 @@ impl<'a> Lookahead<'a> {
         reread: bool,
     ) -> Lookahead<'a> {
         let (tx, rx) = crossbeam_channel::unbounded::<Job>();
+        let queue = rx.clone();
         for _ in 0..threads {
             let rx = rx.clone();
             scope.spawn(move || {
                 for job in rx {
+                    if job.taken.swap(true, Ordering::AcqRel) {
+                        continue;
+                    }
                     // The walk may have stopped waiting (an error): nothing to do then.
                     let _ = job
                         .done
@@ -158,6 +178,7 @@ impl<'a> Lookahead<'a> {
             walk,
             reread,
             jobs: tx,
+            _queue: queue,
             waiting: HashMap::new(),
         }
     }
@@ -168,22 +189,72 @@ impl<'a> Lookahead<'a> {
             return;
         }
         let (done, listing) = crossbeam_channel::bounded(1);
+        let taken = Arc::new(AtomicBool::new(false));
         let job = Job {
             dir: dir.to_path_buf(),
             reread: self.reread,
             parent,
+            taken: Arc::clone(&taken),
             done,
         };
         if self.jobs.send(job).is_ok() {
-            self.waiting.insert(dir.to_path_buf(), listing);
+            self.waiting
+                .insert(dir.to_path_buf(), Waiting { taken, listing });
         }
     }
 
-    /// The listing of `dir`: the one made ahead, or one made now.
+    /// The listing of `dir`: the one made ahead, or, if no thread has begun it (the
+    /// threads take directories in the order asked for, and the walk goes depth first),
+    /// one made now rather than waiting behind the others.
     pub fn take(&mut self, dir: &Path, parent: Option<BlobId>) -> Listing {
-        if let Some(listing) = self.waiting.remove(dir).and_then(|rx| rx.recv().ok()) {
-            return listing;
+        if let Some(w) = self.waiting.remove(dir) {
+            if w.taken.swap(true, Ordering::AcqRel) {
+                if let Ok(listing) = w.listing.recv() {
+                    return listing;
+                }
+            }
         }
         list(self.repo, dir, parent, self.reread, self.walk)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The walk needs directories in depth-first order, the threads take them in the
+    /// order asked for: a directory no thread has begun is listed by the walk at once,
+    /// not after the others. With no thread at all, every `take` would wait forever.
+    #[test]
+    fn a_directory_no_thread_has_begun_is_listed_by_the_walk_at_once() {
+        let repo_dir = tempfile::tempdir().unwrap();
+        let repo = crate::repo::test_repository(repo_dir.path());
+        let tree = tempfile::tempdir().unwrap();
+        for (dir, file) in [("a", "one"), ("b", "two")] {
+            std::fs::create_dir(tree.path().join(dir)).unwrap();
+            std::fs::write(tree.path().join(dir).join(file), file).unwrap();
+        }
+        let walk = PhaseTimer::default();
+        let (done, finished) = crossbeam_channel::bounded(1);
+        std::thread::scope(|scope| {
+            let mut lookahead = Lookahead::start(scope, &repo, &walk, 0, false);
+            let (a, b) = (tree.path().join("a"), tree.path().join("b"));
+            lookahead.ahead(&a, None);
+            lookahead.ahead(&b, None);
+            let queue = lookahead._queue.clone();
+            scope.spawn(move || {
+                let names = |l: Listing| l.entries.into_iter().map(|e| e.name).collect::<Vec<_>>();
+                let listed = (
+                    names(lookahead.take(&b, None)),
+                    names(lookahead.take(&a, None)),
+                );
+                let _ = done.send(listed);
+            });
+            let listed = finished.recv_timeout(std::time::Duration::from_secs(20));
+            // Dropping the jobs ends a wait for them, so that a failure ends the test.
+            while queue.try_recv().is_ok() {}
+            let listed = listed.expect("the walk waited for a listing no thread would make");
+            assert_eq!(listed, (vec![b"two".to_vec()], vec![b"one".to_vec()]));
+        });
     }
 }
