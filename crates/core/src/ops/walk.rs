@@ -143,8 +143,8 @@ pub struct Lookahead<'a> {
     /// Read every entry's extended attributes (`--force`).
     reread: bool,
     jobs: Sender<Job>,
-    /// Keeps the queue open with no listing thread (`threads` 0: the walk lists every
-    /// directory itself).
+    /// Keeps the queue open with no listing thread (`threads` 0, which only tests use:
+    /// the walk then lists every directory itself).
     _queue: Receiver<Job>,
     waiting: HashMap<PathBuf, Waiting>,
 }
