@@ -19,8 +19,18 @@ use crate::repo::Repository;
 use crate::session::Session;
 use crate::snapshot::Snapshot;
 
-/// Above this many packs, one listing of `data/` is cheaper than asking for each.
-const LIST_ABOVE: usize = 32;
+/// Above this many packs, one listing of `data/` is cheaper than asking for each: on a
+/// remote store a request each against a few listing requests. On a local one a listing
+/// opens all 256 directories of `data/`, 0.36 ms for the repository of the mixed corpus
+/// (60 packs), where `stat` of its 58 packs takes 0.1 ms (both timed in loops, warm
+/// cache); a listing pays only for thousands.
+fn list_above(remote: bool) -> usize {
+    if remote {
+        32
+    } else {
+        4096
+    }
+}
 
 /// The packs of `relied` that a snapshot may not build on: missing ones, and condemned
 /// ones that a prune may delete at once (condemned in a generation the session has
@@ -67,10 +77,11 @@ pub fn check(
     // have known of (a prune that wrote a trash file on a stale view, a trash file
     // deleted by hand) must not slip through.
     let trash = crate::trash::read(repo)?;
-    let stored: Option<HashSet<PackId>> = match relied.len() > LIST_ABOVE {
-        true => Some(repo.list_packs()?.into_iter().collect()),
-        false => None,
-    };
+    let stored: Option<HashSet<PackId>> =
+        match relied.len() > list_above(repo.storage().is_remote()) {
+            true => Some(repo.list_packs()?.into_iter().collect()),
+            false => None,
+        };
     let mut missing = HashSet::new();
     if stored.is_none() {
         for pack in relied {
