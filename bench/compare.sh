@@ -16,7 +16,9 @@
 # `du -sb`. Rows for cairn alone: a plain parallel walk that lstat()s every file
 # (crates/core/examples/statwalk.rs), the floor under an unchanged backup; a plain
 # parallel write of the tree (crates/core/examples/writefloor.rs: create, write from a
-# cache-hot buffer, close), the floor under a restore; a plain parallel read of the tree
+# cache-hot buffer, close), the floor under a restore, and the same with every file's
+# bytes decompressed from zstd pieces and written unnamed until complete, the floor under a
+# restore of a compressed repository that never leaves a partial file; a plain parallel read of the tree
 # while the smallest first backup's repository is written durably to the same disk
 # (crates/core/examples/backupfloor.rs), the floor under a first backup there; and a
 # copy of the tree backed up into the repository that holds the original (duplicate
@@ -34,7 +36,7 @@
 #   CAIRN_BENCH_CORPORA="linux mixed": the corpora, in order (default: both)
 #   CAIRN_BENCH_REPEAT=N: runs of the unchanged backup and the walk (median; default 3)
 #   CAIRN_BENCH_RESTORES=N: runs of each restore (median; default 3). Every restored tree
-#     is kept until its corpus is done: the disk needs (tools + 1) x N + 3 times the
+#     is kept until its corpus is done: the disk needs (tools + 2) x N + 3 times the
 #     corpus's size (1.3 GB for the Linux tree) free, with the repositories.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -186,28 +188,42 @@ step() {
   printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS\n' "$tool" "$s" "$wall" "$cpu" $((rss / 1024))
 }
 
-# restore_runs: every tool's restore of its last backup, and the plain parallel write,
-# $restores times each, taking turns (cairn, the next tool, ..., the write; then again),
+# restore_runs: every tool's restore of its last backup, and the two floors under it,
+# $restores times each, taking turns (cairn, the next tool, ..., the floors; then again),
 # the page cache dropped before each; records the median run of each. Every restored
-# tree is compared with the source and kept until the corpus is done.
+# tree is compared with the source and kept until the corpus is done. The floors
+# (crates/core/examples/writefloor.rs): writefloor, the plain parallel write of the tree
+# from a cache-hot buffer; restorefloor, the same with each file's bytes decompressed from
+# pieces as cairn stores them (zstd where it pays; stored beforehand, in $work/repos) and
+# each file unnamed until written, as cairn's restore keeps a killed restore from leaving
+# partial files.
 restore_runs() {
-  local tool r m log wall cpu rss rest lines
+  local tool r m log wall cpu rss rest lines flags
   local -A runs=() failed=()
+  local -A floor_name=([writefloor]="plain parallel write"
+    [restorefloor]="plain parallel write of zstd pieces into unnamed files")
   python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 1
+  log="$work/logs/$corpus/restorefloor-store"
+  if ! "$writefloor" --store "$work/repos/pieces" "$src" >"$log.out" 2>"$log.err"; then
+    fail "writefloor --store failed" "$log.err"
+    failed[restorefloor]=failed
+  fi
   for ((r = 1; r <= restores; r++)); do
-    for tool in "${restorable[@]}" writefloor; do
+    for tool in "${restorable[@]}" writefloor restorefloor; do
       [ -n "${failed[$tool]:-}" ] && continue
       log="$work/logs/$corpus/$tool-restore"
       drop_caches
-      if [ "$tool" = writefloor ]; then
-        # The floor times its write phase itself, after reading the source; peak memory
+      if [ -n "${floor_name[$tool]:-}" ]; then
+        # A floor times its write phase itself, after reading the source; peak memory
         # is that of the whole tree, so none.
-        mkdir -p "$work/restore/writefloor"
-        if "$writefloor" "$src" "$work/restore/writefloor/$r" >"$log.out" 2>"$log.err"; then
+        flags=()
+        [ "$tool" = restorefloor ] && flags=(--unnamed --pieces "$work/repos/pieces")
+        mkdir -p "$work/restore/$tool"
+        if "$writefloor" "${flags[@]}" "$src" "$work/restore/$tool/$r" >"$log.out" 2>"$log.err"; then
           read -r wall cpu rest <"$log.out"
           runs[$tool]+="$wall $cpu -"$'\n'
         else
-          fail "writefloor failed" "$log.err"
+          fail "$tool failed" "$log.err"
           failed[$tool]=failed
         fi
         continue
@@ -224,17 +240,17 @@ restore_runs() {
       fi
     done
   done
-  for tool in "${restorable[@]}" writefloor; do
+  for tool in "${restorable[@]}" writefloor restorefloor; do
     case ${failed[$tool]:-} in
-      failed) [ "$tool" = writefloor ] || record restore "$tool" failed; continue ;;
+      failed) [ -n "${floor_name[$tool]:-}" ] || record restore "$tool" failed; continue ;;
       DIFFERS) record verify "$tool" DIFFERS; continue ;;
     esac
     mapfile -t lines <<<"${runs[$tool]%$'\n'}"
     m=$(median "${lines[@]}")
     read -r wall cpu rss <<<"$m"
-    if [ "$tool" = writefloor ]; then
-      record restore "plain parallel write" "$wall" "$cpu" - -
-      printf '  %-9s %-8s %8s s wall %8s s CPU  (median of %d)\n' writefloor write "$wall" "$cpu" "$restores"
+    if [ -n "${floor_name[$tool]:-}" ]; then
+      record restore "${floor_name[$tool]}" "$wall" "$cpu" - -
+      printf '  %-12s %-5s %8s s wall %8s s CPU  (median of %d)\n' "$tool" write "$wall" "$cpu" "$restores"
     else
       record restore "$tool" "$wall" "$cpu" "$rss" -
       record verify "$tool" identical
@@ -379,6 +395,14 @@ render() {
         print line
       } else printf "  %-30s %18s %8s %18s %18s  %s\n", a, b, c, d, e, f
     }
+    # floor_line(NAME, WALL, STEP, BEST, WHAT): how a floor compares with half the time of
+    # the best other tool for STEP.
+    function floor_line(name, w, step, best, what) {
+      printf "%s%s / best other %s: %.2f%s (%s)\n", fmt == "md" ? "\n" : "  ", name, step,
+        w / best, fmt == "md" ? "×" : "x",
+        (w / best > 0.5 ? "above 0.5: half the best other is below what this machine allows " what : \
+          "at most 0.5: this machine allows half the best other")
+    }
     function table(s, title, extra,    i, n, t, best_w, best_r, best_s, who_w, who_r, who_s) {
       if (!(s in count)) return
       if (fmt == "md") {
@@ -402,6 +426,8 @@ render() {
         }
       }
       if (s == "backup1") best1 = best_w
+      if (s == "backup2") best2 = best_w
+      if (s == "restore") best_restore = best_w
       if (((s, "cairn") in wall) && wall[s, "cairn"] != "failed" && best_w != "")
         row("cairn / best other", ratio(wall[s, "cairn"], best_w, who_w), "-",
             ratio(rss[s, "cairn"], best_r, who_r), ratio(size[s, "cairn"], best_s, who_s),
@@ -419,12 +445,8 @@ render() {
       table("init", "init")
       table("backup1", "first backup (page cache dropped first)")
       if (("backup1", "plain parallel read and write") in wall && best1 != "" && best1 > 0)
-        printf "%splain parallel read of the tree with the smallest repository written durably beside it / best other first backup: %.2f%s (%s)\n",
-          fmt == "md" ? "\n" : "  ", wall["backup1", "plain parallel read and write"] / best1,
-          fmt == "md" ? "×" : "x",
-          (wall["backup1", "plain parallel read and write"] / best1 > 0.5 ? \
-            "above 0.5: half the best other is below what this disk allows" : \
-            "at most 0.5: this disk allows half the best other")
+        floor_line("plain parallel read of the tree with the smallest repository written durably beside it",
+          wall["backup1", "plain parallel read and write"], "first backup", best1, "a first backup on this disk")
       table("backup2", "unchanged second backup")
       # (A walk under 10 ms, as of the 2,000 files of the mixed corpus, rounds to 0: no ratio.)
       if (("backup2", "plain parallel walk") in wall && ("backup2", "cairn") in wall &&
@@ -432,6 +454,9 @@ render() {
         printf "%scairn unchanged backup / plain parallel walk (lstat of every file, all cores): %.2f%s (target: within 2%s)\n",
           fmt == "md" ? "\n" : "  ", wall["backup2", "cairn"] / wall["backup2", "plain parallel walk"],
           fmt == "md" ? "×" : "x", fmt == "md" ? "×" : "x"
+      if (("backup2", "plain parallel walk") in wall && best2 != "" && best2 > 0)
+        floor_line("plain parallel walk", wall["backup2", "plain parallel walk"], "unchanged backup", best2,
+          "a walk that only lstat()s every file")
       table("backup3", "backup after in-place changes (bench/corpus.py change)")
       table("restore", "restore of that last backup (page cache dropped first; the median of " restores " runs, the tools taking turns)", "identical to source")
       if (("restore", "plain parallel write") in wall && ("restore", "cairn") in wall &&
@@ -439,6 +464,14 @@ render() {
         printf "%scairn restore / plain parallel write (create, write from a cache-hot buffer, close; all cores): %.2f%s\n",
           fmt == "md" ? "\n" : "  ", wall["restore", "cairn"] / wall["restore", "plain parallel write"],
           fmt == "md" ? "×" : "x"
+      zfloor = "plain parallel write of zstd pieces into unnamed files"
+      if (("restore", zfloor) in wall && wall["restore", zfloor] > 0 && best_restore != "" && best_restore > 0) {
+        floor_line(zfloor, wall["restore", zfloor], "restore", best_restore,
+          "a restore that decompresses zstd and never leaves a partial file")
+        if (("restore", "cairn") in wall && wall["restore", "cairn"] != "failed")
+          printf "%scairn restore / that floor: %.2f%s\n", fmt == "md" ? "\n" : "  ",
+            wall["restore", "cairn"] / wall["restore", zfloor], fmt == "md" ? "×" : "x"
+      }
       if (dup != "") {
         split(dup, d, "\t")
         title = "duplicate data: a cp -a copy of the tree, backed up into cairn'"'"'s repository holding the original (page cache dropped first)"
