@@ -395,13 +395,13 @@ render() {
         print line
       } else printf "  %-30s %18s %8s %18s %18s  %s\n", a, b, c, d, e, f
     }
-    # floor_line(NAME, WALL, STEP, BEST, WHAT): how a floor compares with half the time of
-    # the best other tool for STEP.
-    function floor_line(name, w, step, best, what) {
+    # floor_line(NAME, WALL, STEP, BEST): how a floor (or plain version) of STEP compares
+    # with half the time of the best other tool.
+    function floor_line(name, w, step, best) {
       printf "%s%s / best other %s: %.2f%s (%s)\n", fmt == "md" ? "\n" : "  ", name, step,
         w / best, fmt == "md" ? "×" : "x",
-        (w / best > 0.5 ? "above 0.5: half the best other is below what this machine allows " what : \
-          "at most 0.5: this machine allows half the best other")
+        (w / best > 0.5 ? "above 0.5: on this machine it alone takes more than half the best other" : \
+          "at most 0.5: this machine leaves room for half the best other")
     }
     function table(s, title, extra,    i, n, t, best_w, best_r, best_s, who_w, who_r, who_s) {
       if (!(s in count)) return
@@ -446,7 +446,7 @@ render() {
       table("backup1", "first backup (page cache dropped first)")
       if (("backup1", "plain parallel read and write") in wall && best1 != "" && best1 > 0)
         floor_line("plain parallel read of the tree with the smallest repository written durably beside it",
-          wall["backup1", "plain parallel read and write"], "first backup", best1, "a first backup on this disk")
+          wall["backup1", "plain parallel read and write"], "first backup", best1)
       table("backup2", "unchanged second backup")
       # (A walk under 10 ms, as of the 2,000 files of the mixed corpus, rounds to 0: no ratio.)
       if (("backup2", "plain parallel walk") in wall && ("backup2", "cairn") in wall &&
@@ -455,8 +455,7 @@ render() {
           fmt == "md" ? "\n" : "  ", wall["backup2", "cairn"] / wall["backup2", "plain parallel walk"],
           fmt == "md" ? "×" : "x", fmt == "md" ? "×" : "x"
       if (("backup2", "plain parallel walk") in wall && best2 != "" && best2 > 0)
-        floor_line("plain parallel walk", wall["backup2", "plain parallel walk"], "unchanged backup", best2,
-          "a walk that only lstat()s every file")
+        floor_line("plain parallel walk", wall["backup2", "plain parallel walk"], "unchanged backup", best2)
       table("backup3", "backup after in-place changes (bench/corpus.py change)")
       table("restore", "restore of that last backup (page cache dropped first; the median of " restores " runs, the tools taking turns)", "identical to source")
       if (("restore", "plain parallel write") in wall && ("restore", "cairn") in wall &&
@@ -466,10 +465,9 @@ render() {
           fmt == "md" ? "×" : "x"
       zfloor = "plain parallel write of zstd pieces into unnamed files"
       if (("restore", zfloor) in wall && wall["restore", zfloor] > 0 && best_restore != "" && best_restore > 0) {
-        floor_line(zfloor, wall["restore", zfloor], "restore", best_restore,
-          "a restore that decompresses zstd and never leaves a partial file")
+        floor_line(zfloor, wall["restore", zfloor], "restore", best_restore)
         if (("restore", "cairn") in wall && wall["restore", "cairn"] != "failed")
-          printf "%scairn restore / that floor: %.2f%s\n", fmt == "md" ? "\n" : "  ",
+          printf "%scairn restore / that plain restore: %.2f%s\n", fmt == "md" ? "\n" : "  ",
             wall["restore", "cairn"] / wall["restore", zfloor], fmt == "md" ? "×" : "x"
       }
       if (dup != "") {
