@@ -16,9 +16,9 @@
 # `du -sb`. Rows for cairn alone: a plain parallel walk that lstat()s every file
 # (crates/core/examples/statwalk.rs), the floor under an unchanged backup; a plain
 # parallel write of the tree (crates/core/examples/writefloor.rs: create, write from a
-# cache-hot buffer, close), the floor under a restore, and the same with every file's
-# bytes decompressed from zstd pieces and written unnamed until complete, the floor under a
-# restore of a compressed repository that never leaves a partial file; a plain parallel read of the tree
+# cache-hot buffer, close), the floor under a restore, and a plain restore: the same with
+# every file's bytes read back from zstd pieces and written unnamed until complete (not a
+# strict floor, see writefloor.rs); a plain parallel read of the tree
 # while the smallest first backup's repository is written durably to the same disk
 # (crates/core/examples/backupfloor.rs), the floor under a first backup there; and a
 # copy of the tree backed up into the repository that holds the original (duplicate
@@ -188,15 +188,15 @@ step() {
   printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS\n' "$tool" "$s" "$wall" "$cpu" $((rss / 1024))
 }
 
-# restore_runs: every tool's restore of its last backup, and the two floors under it,
-# $restores times each, taking turns (cairn, the next tool, ..., the floors; then again),
-# the page cache dropped before each; records the median run of each. Every restored
-# tree is compared with the source and kept until the corpus is done. The floors
-# (crates/core/examples/writefloor.rs): writefloor, the plain parallel write of the tree
-# from a cache-hot buffer; restorefloor, the same with each file's bytes decompressed from
-# pieces as cairn stores them (zstd where it pays; stored beforehand, in $work/repos) and
-# each file unnamed until written, as cairn's restore keeps a killed restore from leaving
-# partial files.
+# restore_runs: every tool's restore of its last backup, and two plain versions of it,
+# $restores times each, taking turns (cairn, the next tool, ..., the plain ones; then
+# again), the page cache dropped before each; records the median run of each. Every
+# restored tree is compared with the source and kept until the corpus is done. The plain
+# ones (crates/core/examples/writefloor.rs): writefloor, the plain parallel write of the
+# tree from a cache-hot buffer, the floor; restorefloor, the same with each file's bytes
+# read back from pieces as cairn stores them (zstd where it pays; stored beforehand, in
+# $work/repos), decompressed, and each file unnamed until written, as cairn's restore
+# keeps a killed restore from leaving partial files.
 restore_runs() {
   local tool r m log wall cpu rss rest lines flags
   local -A runs=() failed=()
@@ -214,8 +214,8 @@ restore_runs() {
       log="$work/logs/$corpus/$tool-restore"
       drop_caches
       if [ -n "${floor_name[$tool]:-}" ]; then
-        # A floor times its write phase itself, after reading the source; peak memory
-        # is that of the whole tree, so none.
+        # writefloor times its write phase itself, after listing the source; peak memory
+        # is not a restore's, so none.
         flags=()
         [ "$tool" = restorefloor ] && flags=(--unnamed --pieces "$work/repos/pieces")
         mkdir -p "$work/restore/$tool"

@@ -196,14 +196,7 @@ fn load_pieces(dirs: &[Dir], path: &Path) -> std::io::Result<Vec<Vec<Stored>>> {
             });
     }
     for ((dir, items), stored) in dirs.iter().zip(&pieces) {
-        let bytes: u64 = items
-            .iter()
-            .map(|(_, item)| match item {
-                Item::File(len) => *len,
-                Item::Link(_) => 0,
-            })
-            .sum();
-        if stored.iter().map(|p| p.plain_len as u64).sum::<u64>() != bytes {
+        if stored.iter().map(|p| p.plain_len as u64).sum::<u64>() != bytes_in(items) {
             return Err(bad(&format!("{} holds other bytes", dir.display())));
         }
     }
@@ -345,6 +338,15 @@ fn write_at(file: &File, data: &[u8], at: u64, sparse: bool) -> std::io::Result<
 /// A directory (relative to the root) and the files and links in it.
 type Dir = (PathBuf, Vec<(OsString, Item)>);
 
+/// The bytes of the files among `items`.
+fn bytes_in(items: &[(OsString, Item)]) -> u64 {
+    let bytes = |item: &Item| match item {
+        Item::File(len) => *len,
+        Item::Link(_) => 0,
+    };
+    items.iter().map(|(_, item)| bytes(item)).sum()
+}
+
 /// Every directory under `root`, parents first, with its files and links.
 fn load(root: &Path) -> std::io::Result<Vec<Dir>> {
     let mut dirs = Vec::new();
@@ -460,27 +462,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let items = dirs.iter().flat_map(|(_, items)| items);
-    let (count, bytes) = items.fold((0, 0u64), |(n, b), (_, item)| match item {
-        Item::File(len) => (n + 1, b + len),
-        Item::Link(_) => (n + 1, b),
-    });
+    let count: usize = dirs.iter().map(|(_, items)| items.len()).sum();
+    let bytes: u64 = dirs.iter().map(|(_, items)| bytes_in(items)).sum();
 
     // Largest directories first, so that no thread is left alone with a large one at the
     // end: a file counted as 64 KiB (it costs about as much to create as that to write)
     // plus its bytes; by files alone, the mixed corpus's directory of disk images came
     // last.
-    let cost = |(_, items): &Dir| -> u64 {
-        let bytes = |item: &Item| match item {
-            Item::File(len) => *len,
-            Item::Link(_) => 0,
-        };
-        items.iter().map(|(_, item)| (64 << 10) + bytes(item)).sum()
-    };
+    let cost = |(_, items): &Dir| (64 << 10) * items.len() as u64 + bytes_in(items);
     let mut order: Vec<usize> = (0..dirs.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(cost(&dirs[i])));
 
-    let (Some(target), None) = (target, &store_to) else {
+    // No target: --store.
+    let Some(target) = target else {
         let path = store_to.unwrap_or_default();
         return match store(source, &dirs, &order, &path) {
             Ok(()) => ExitCode::SUCCESS,
