@@ -259,16 +259,20 @@ impl Buffers {
         }
     }
 
-    /// An empty buffer for about `len` bytes, with the memory of an earlier one where
-    /// `len` is chunk-sized and one is kept.
+    /// An empty buffer for at least `len` bytes, with the memory of an earlier one where
+    /// `len` is chunk-sized and one that large is kept. A kept one too small is freed,
+    /// not grown, as growing copies its old bytes (`realloc`): copying fell from 11.6% to
+    /// 5.5% of a first backup's samples on the mixed corpus (`perf record --call-graph
+    /// dwarf`, 1,213 and 1,163 samples in all), peak RSS unchanged (70-78 MiB and 71-75
+    /// MiB in three runs each).
     fn take(&self, len: usize) -> Vec<u8> {
         if len < SMALLEST_KEPT {
             return Vec::with_capacity(len);
         }
-        self.spare
-            .1
-            .try_recv()
-            .unwrap_or_else(|_| Vec::with_capacity(len))
+        match self.spare.1.try_recv() {
+            Ok(buf) if buf.capacity() >= len => buf,
+            _ => Vec::with_capacity(len),
+        }
     }
 
     fn give(&self, mut buf: Vec<u8>) {
