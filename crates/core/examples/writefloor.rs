@@ -188,7 +188,7 @@ fn load_pieces(dirs: &[Dir], path: &Path) -> std::io::Result<Vec<Vec<Stored>>> {
             .get_mut(dir as usize)
             .ok_or_else(|| bad("more directories than the tree has"))?
             .push(Stored {
-                pack: pack as u32,
+                pack: u32::try_from(pack).map_err(|_| bad("a file number out of range"))?,
                 offset,
                 len: len as usize,
                 plain_len: plain_len as usize,

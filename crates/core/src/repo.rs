@@ -103,11 +103,12 @@ const WRITER_SNAPSHOTS_KEPT: usize = 100;
 /// Threads reading `count` snapshot files. A local one takes about 15 µs (opened, read,
 /// decrypted, parsed: `cairn snapshots` took 5 ms with 98 snapshots and 18-22 ms with
 /// 1,000), so a thread pays for itself only from a few hundred on: with 1,000 it took
-/// 16-21 ms on two threads (2 cores), at 3 MiB more peak RSS, and with 98 no less. A remote store's time is spent waiting
-/// for answers (the cache holds the files after the first read), so there each thread
-/// takes a few requests, up to 16 at once as restore sends: 120 snapshots on Garage on
-/// loopback, cache empty, 125-158 ms on one thread, 108-131 ms on sixteen; each request
-/// further away waits longer, and the waits now overlap.
+/// 16-21 ms on two threads (2 cores), at 3 MiB more peak RSS, and with 98 no less. A
+/// remote store's time is spent waiting for answers (the cache holds the files after the
+/// first read), so there each thread takes a few requests, up to 16 at once as restore
+/// sends: 120 snapshots on Garage on loopback, cache empty, 125-158 ms on one thread,
+/// 108-131 ms on sixteen; each request further away waits longer, and the waits now
+/// overlap.
 fn snapshot_readers(count: usize, remote: bool) -> usize {
     let (most, each) = match remote {
         true => (16, 4),

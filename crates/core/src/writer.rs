@@ -780,6 +780,22 @@ mod tests {
     use cairn_storage::LocalStorage;
 
     use super::*;
+
+    /// A kept buffer smaller than the chunk at hand is not handed out to be grown:
+    /// growing copies its old bytes.
+    #[test]
+    fn a_buffer_taken_holds_the_chunk_without_growing() {
+        let buffers = Buffers::new(2, 8 << 20);
+        buffers.give(Vec::with_capacity(SMALLEST_KEPT));
+        let buf = buffers.take(4 * SMALLEST_KEPT);
+        assert!(buf.capacity() >= 4 * SMALLEST_KEPT, "{}", buf.capacity());
+        // One large enough is reused.
+        let big = Vec::with_capacity(4 * SMALLEST_KEPT);
+        let at = big.as_ptr();
+        buffers.give(big);
+        let reused = buffers.take(2 * SMALLEST_KEPT);
+        assert_eq!(reused.as_ptr(), at);
+    }
     use crate::keyfile::KdfParams;
     use crate::monitor::NullMonitor;
     use crate::ops::check::{check, CheckOptions};
