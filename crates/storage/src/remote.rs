@@ -106,6 +106,9 @@ pub(crate) fn retries(location: &str) -> Result<usize> {
 
 impl RemoteStorage {
     pub fn s3(config: &S3Config, location: String) -> Result<Self> {
+        // OpenDAL's HTTP client, installed here rather than by its constructor at every
+        // start (the `auto-register-services` feature, off: see Cargo.toml). Idempotent.
+        opendal::install_default();
         let mut b = opendal::services::S3::default()
             .endpoint(&config.endpoint)
             .bucket(&config.bucket)
