@@ -865,13 +865,19 @@ fn seal_aegis(key: &[u8; 32], ad: &[u8], parts: &[&[u8]], padded: usize, out: &m
     let start = out.len();
     out.reserve(AEGIS_NONCE_LEN + padded + AEGIS_TAG_LEN);
     out.extend_from_slice(&nonce);
+    out.resize(start + AEGIS_NONCE_LEN + padded, 0);
+    // Each part is encrypted from where it is into `out`, not copied there first.
+    let body = &mut out[start + AEGIS_NONCE_LEN..];
+    let cipher = Aegis256::<AEGIS_TAG_LEN>::new(key, &nonce);
+    let mut encryptor = cipher.encryptor(ad);
+    let mut at = 0;
     for p in parts {
-        out.extend_from_slice(p);
+        encryptor.update(p, &mut body[at..at + p.len()]);
+        at += p.len();
     }
-    out.resize(start + AEGIS_NONCE_LEN + padded - 4, 0);
-    out.extend_from_slice(&(len as u32).to_le_bytes());
-    let tag = Aegis256::<AEGIS_TAG_LEN>::new(key, &nonce)
-        .encrypt_in_place(&mut out[start + AEGIS_NONCE_LEN..], ad);
+    body[padded - 4..].copy_from_slice(&(len as u32).to_le_bytes());
+    encryptor.update_in_place(&mut body[len..]);
+    let tag = encryptor.finalize();
     out.extend_from_slice(&tag);
 }
 
@@ -961,6 +967,38 @@ mod tests {
         let mut two = MasterKey::generate_for(2);
         two.use_cipher(Cipher::Aegis256).unwrap();
         assert_eq!(two.sealed_len(5), padme(9) as usize + 64);
+    }
+
+    /// Parts are sealed as their concatenation, into a buffer that held something else,
+    /// whatever their lengths: AEGIS-256 takes them one by one, and these cross its
+    /// 32-byte blocks mid-part.
+    #[test]
+    fn parts_seal_as_their_concatenation_into_a_used_buffer() {
+        let parts: [&[u8]; 4] = [&[1], &[2; 17], &[], &[3; 100]];
+        let whole = parts.concat();
+        let (full, writer) = writer_of(&key_with(Cipher::Aegis256));
+        let mut pairs: Vec<(MasterKey, MasterKey)> = every_kind_of_key()
+            .into_iter()
+            .filter(|k| !k.is_write_only())
+            .map(|k| (k.clone(), k))
+            .collect();
+        pairs.push((writer, full));
+        for (sealer, opener) in pairs {
+            let mut out = vec![0xAA; 300];
+            sealer.seal_parts_into(SNAP, &parts, &mut out);
+            assert_eq!(
+                out.len(),
+                sealer.sealed_len(whole.len()),
+                "{:?}",
+                sealer.cipher
+            );
+            assert_eq!(
+                opener.open(SNAP, &out).unwrap(),
+                whole,
+                "{:?}",
+                sealer.cipher
+            );
+        }
     }
 
     /// Only a full key's own seal of format 2 on proves a blob's id: format 1 has no
