@@ -65,6 +65,9 @@ pub struct Job {
     pub after: Option<String>,
     pub on_success: Option<String>,
     pub on_failure: Option<String>,
+    /// How long each hook may run before it is stopped and counts as failed (none: no
+    /// limit).
+    pub hook_timeout: Option<HookTimeout>,
     #[serde(default)]
     pub limits: Limits,
     #[serde(default)]
@@ -74,6 +77,24 @@ pub struct Job {
     /// the backup.
     #[serde(default, deserialize_with = "command_names")]
     pub commands: std::collections::BTreeMap<String, String>,
+}
+
+/// `hook-timeout = "30m"`: a time like `30s`, `10m`, `2h`, more than zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct HookTimeout(pub Duration);
+
+impl TryFrom<String> for HookTimeout {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        match crate::args::parse_duration(text.trim()) {
+            Ok(d) if !d.is_zero() => Ok(HookTimeout(d)),
+            _ => Err(format!(
+                "{text:?} is not a hook timeout: use a time like 30s, 10m or 2h"
+            )),
+        }
+    }
 }
 
 /// `keep = { daily = 7, ... }`: forget's policy, run after every backup.
@@ -356,7 +377,7 @@ mod tests {
              repos = [\"@nas\", \"/srv/other\"]\nschedule = \"daily 02:30\"\njitter = \"10m\"\n\
              keep = {{ daily = 7, weekly = 4 }}\nprune = \"weekly\"\n\
              check = {{ every = \"weekly\", read-data-subset = \"5%\" }}\n\
-             before = \"true\"\nlimits = {{ threads = 2, nice = true }}\n\
+             before = \"true\"\nhook-timeout = \"30m\"\nlimits = {{ threads = 2, nice = true }}\n\
              notify = [\"healthchecks:http://127.0.0.1:1/ping\"]\n"
         );
         let jobs = parse(&text, Path::new("c.toml")).unwrap();
@@ -364,6 +385,10 @@ mod tests {
         assert_eq!(job.repo_specs(), ["@nas", "/srv/other"]);
         assert_eq!(job.jitter(), Duration::from_secs(600));
         assert_eq!(job.limits.threads, Some(2));
+        assert_eq!(
+            job.hook_timeout,
+            Some(HookTimeout(Duration::from_secs(1800)))
+        );
         assert!(jobs.get("away").is_err());
     }
 
@@ -397,5 +422,14 @@ mod tests {
             "{REPOS}[jobs.home]\npaths = [\"/\"]\nrepos = [\"@nas\"]\nkeep = {{ tags = [] }}\n"
         ));
         assert!(e.contains("keeps nothing"), "{e}");
+        for bad in ["0s", "soon", "-5m"] {
+            let e = err(&format!(
+                "{REPOS}[jobs.home]\npaths = [\"/\"]\nrepos = [\"@nas\"]\nhook-timeout = \"{bad}\"\n"
+            ));
+            assert!(
+                e.contains("line 7") && e.contains("hook-timeout") && e.contains("30s, 10m or 2h"),
+                "{e}"
+            );
+        }
     }
 }

@@ -1,9 +1,11 @@
 //! Backups that run themselves: jobs in the config file (`config`), when they run
-//! (`schedule`), one run of a job (`runner`), who hears about it (`notify`), what is
+//! (`schedule`), one run of a job (`runner`), its hooks' processes (`child`), who hears
+//! about it (`notify`), what is
 //! remembered between runs (`state`) and what machines can read of it (`metrics`, and
 //! the daemon's endpoint `http`). `cairn run`, `cairn daemon` and `cairn config check`
 //! are built on these; none of it is in cairn-core, which knows nothing of jobs.
 
+pub mod child;
 pub mod config;
 pub mod http;
 pub mod metrics;

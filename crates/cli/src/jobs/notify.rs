@@ -7,7 +7,8 @@
 //!   `{ webhook = URL, body = TEMPLATE, content-type = TYPE }`, a POST of the template
 //!   with `{job}`, `{status}`, ... filled in (ntfy, Gotify, chat webhooks).
 //! - `command:CMD`: `sh -c CMD` when the run ends, with the hooks' variables and the
-//!   report as JSON on its standard input (for mail, ntfy, gotify, ...).
+//!   report as JSON on its standard input (for mail, ntfy, gotify, ...), stopped after
+//!   [`COMMAND_TIMEOUT`].
 //!
 //! Each request has a timeout and is tried up to three times. A notification that cannot
 //! be sent is written to the run's log and to standard error, and never fails the job.
@@ -18,11 +19,16 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::child::{self, Ended};
 use super::runner::RunLog;
 
 /// Tries of each request, and the time each may take.
 const TRIES: u32 = 3;
 const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a `command:` notification may run (it mails, it posts): one that hangs must
+/// not hold its job, or the daemon's next runs of it, forever.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most of the log sent with a ping.
 pub const LOG_TAIL_BYTES: usize = 10_000;
 
@@ -258,24 +264,35 @@ pub fn finished(targets: &[Target], report: &Report, env: &[(String, String)], l
     }
 }
 
+/// A notification command, given the JSON document on its standard input, for at most
+/// [`COMMAND_TIMEOUT`].
 fn command(cmd: &str, json: &[u8], env: &[(String, String)]) -> Result<(), String> {
-    let mut child = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(cmd)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    if let Some(mut stdin) = child.stdin.take() {
-        // A command that does not read its input is fine.
-        let _ = stdin.write_all(json);
-    }
-    let status = child.wait().map_err(|e| e.to_string())?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("it failed ({status})"))
+        .stdout(Stdio::null());
+    let ended = child::run(&mut command, Some(COMMAND_TIMEOUT), child::GRACE, |c| {
+        if let Some(mut stdin) = c.stdin.take() {
+            // Written from a thread: a command that reads none of a document larger than
+            // the pipe holds must not stop the timeout. One that does not read it is fine.
+            let json = json.to_vec();
+            std::thread::spawn(move || {
+                let _ = stdin.write_all(&json);
+            });
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    match ended {
+        Ended::Exited(status) if status.success() => Ok(()),
+        Ended::Exited(status) => Err(format!("it failed ({status})")),
+        Ended::TimedOut => Err(format!(
+            "it did not finish within {} s and was stopped",
+            COMMAND_TIMEOUT.as_secs()
+        )),
+        Ended::Interrupted => Err("it was stopped: a stop was asked for".to_string()),
     }
 }
 

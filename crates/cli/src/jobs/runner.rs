@@ -31,7 +31,8 @@ use cairn_core::ops::forget::{self, GroupBy, KeepPolicy};
 use cairn_core::ops::prune::{self, PruneOptions};
 use cairn_core::ops::stats;
 
-use super::config::{Job, Keep};
+use super::child::{self, Ended};
+use super::config::{HookTimeout, Job, Keep};
 use super::notify::{self, RepoReport, Report, LOG_TAIL_BYTES};
 use super::state::{self, JobState, Status};
 use crate::args::{ExcludeArgs, FilterArgs, GlobalArgs};
@@ -191,7 +192,7 @@ fn run_limited(name: &str, job: &Job, g: &GlobalArgs) -> Outcome {
         ..Report::default()
     };
     let before_ok = match &job.before {
-        Some(cmd) => hook(&log, "before", cmd, &env)
+        Some(cmd) => hook(&log, "before", cmd, &env, job.hook_timeout)
             .map_err(|e| report.error = Some(e))
             .is_ok(),
         None => true,
@@ -233,7 +234,7 @@ fn run_limited(name: &str, job: &Job, g: &GlobalArgs) -> Outcome {
     for (what, cmd) in [done_hook, ("after", &job.after)] {
         if let Some(cmd) = cmd {
             // Too late to change the outcome: said in the log, which the notification carries.
-            let _ = hook(&log, what, cmd, &env);
+            let _ = hook(&log, what, cmd, &env, job.hook_timeout);
         }
     }
     report.duration_ms = started.elapsed().as_millis() as u64;
@@ -268,30 +269,36 @@ fn run_limited(name: &str, job: &Job, g: &GlobalArgs) -> Outcome {
     Outcome { status, report }
 }
 
-/// Runs a hook; the error says which and how it failed.
-fn hook(log: &RunLog, what: &str, cmd: &str, env: &[(String, String)]) -> Result<(), String> {
+/// Runs a hook, for at most `timeout`; the error says which and how it failed.
+fn hook(
+    log: &RunLog,
+    what: &str,
+    cmd: &str,
+    env: &[(String, String)],
+    timeout: Option<HookTimeout>,
+) -> Result<(), String> {
     log.line(&format!("{what} hook: {cmd}"));
-    let status = Command::new("sh")
+    let mut command = Command::new("sh");
+    command
         .arg("-c")
         .arg(cmd)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log.output())
-        .stderr(log.output())
-        .status();
-    match status {
-        Ok(s) if s.success() => Ok(()),
-        Ok(s) => {
-            let e = format!("The {what} hook failed ({s})");
-            log.line(&e);
-            Err(e)
-        }
-        Err(e) => {
-            let e = format!("Cannot run the {what} hook: {e}");
-            log.line(&e);
-            Err(e)
-        }
-    }
+        .stderr(log.output());
+    let limit = timeout.map(|t| t.0);
+    let e = match child::run(&mut command, limit, child::GRACE, |_| {}) {
+        Ok(Ended::Exited(s)) if s.success() => return Ok(()),
+        Ok(Ended::Exited(s)) => format!("The {what} hook failed ({s})"),
+        Ok(Ended::TimedOut) => format!(
+            "The {what} hook did not finish within {} s (hook-timeout) and was stopped",
+            limit.unwrap_or_default().as_secs()
+        ),
+        Ok(Ended::Interrupted) => format!("The {what} hook was stopped: a stop was asked for"),
+        Err(e) => format!("Cannot run the {what} hook: {e}"),
+    };
+    log.line(&e);
+    Err(e)
 }
 
 /// Backup, copies, forget, prune and check, each repository in turn.

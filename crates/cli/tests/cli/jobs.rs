@@ -477,6 +477,92 @@ fn a_failing_before_hook_fails_the_job_notifies_and_makes_no_snapshot() {
 }
 
 #[test]
+fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
+    let env = jobs_env("");
+    let pidfile = env.path("sleeper.pid");
+    write_config(
+        &env,
+        &format!(
+            "[jobs.home]\npaths = [\"{src}\"]\nrepos = [\"@a\"]\nhook-timeout = \"1s\"\n\
+             before = \"sleep 120 & echo $! > {pid}; wait\"\n\
+             after = \"echo $CAIRN_STATUS > {after}\"\n",
+            src = env.path("src").display(),
+            pid = pidfile.display(),
+            after = env.path("after-ran").display(),
+        ),
+    );
+    let started = Instant::now();
+    let (code, reports) = run_json(&env, &[]);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(code, 1);
+    assert_eq!(reports[0]["status"], "failure");
+    let error = reports[0]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("before hook did not finish within 1 s (hook-timeout)"),
+        "{reports:#}"
+    );
+    assert!(snapshots_of(&env, "@a").is_empty());
+    // `after` still runs, in full: the timeout is each hook's own.
+    assert_eq!(
+        std::fs::read_to_string(env.path("after-ran")).unwrap(),
+        "failure\n"
+    );
+    // What the hook's shell started is stopped with it, not left running.
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    let stat = format!("/proc/{}/stat", pid.trim());
+    wait_for(10, "the hook's sleep to end", || {
+        std::fs::read_to_string(&stat).map_or(true, |s| s.contains(") Z"))
+    });
+}
+
+/// A hook runs in a process group of its own (so that a timeout can stop what it
+/// started), out of reach of the signal that stops the daemon: the daemon passes it on.
+#[test]
+fn sigterm_stops_a_hook_in_flight_and_the_after_hook_still_runs() {
+    let env = jobs_env("");
+    let pidfile = env.path("sleeper.pid");
+    write_config(
+        &env,
+        &format!(
+            "[jobs.home]\npaths = [\"{src}\"]\nrepos = [\"@a\"]\nschedule = \"every 1s\"\n\
+             before = \"sleep 120 & echo $! > {pid}; wait\"\n\
+             after = \"echo $CAIRN_STATUS > {after}\"\n",
+            src = env.path("src").display(),
+            pid = pidfile.display(),
+            after = env.path("after-ran").display(),
+        ),
+    );
+    let daemon = Daemon::start(&env, &[]);
+    wait_for(60, "the before hook to start", || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|p| p.ends_with('\n'))
+    });
+    let stopped = Instant::now();
+    let (code, log, err) = daemon.stop();
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        stopped.elapsed() < Duration::from_secs(15),
+        "stopped in {:?}",
+        stopped.elapsed()
+    );
+    let finished = events(&log, "job_finished");
+    assert_eq!(finished[0]["status"], "interrupted", "{log:?}");
+    assert!(snapshots_of(&env, "@a").is_empty());
+    assert_eq!(
+        std::fs::read_to_string(env.path("after-ran")).unwrap(),
+        "interrupted\n"
+    );
+    let pid = std::fs::read_to_string(&pidfile).unwrap();
+    let stat = format!("/proc/{}/stat", pid.trim());
+    wait_for(10, "the hook's sleep to end", || {
+        std::fs::read_to_string(&stat).map_or(true, |s| s.contains(") Z"))
+    });
+}
+
+#[test]
 fn a_notification_that_cannot_be_sent_does_not_fail_the_job() {
     let env = jobs_env("");
     // Port 0, where nothing can listen: a port freed by a listener of this test could be

@@ -1,0 +1,196 @@
+//! A hook's or a notification command's process, bounded in time: a hung `before` hook
+//! would otherwise hold its job forever, unseen, since the run never ends and so never
+//! notifies.
+//!
+//! The child runs in a process group of its own, so that a timeout stops what `sh -c`
+//! started too (`pg_dump db | gzip`), not only the shell: SIGTERM to the group, then
+//! SIGKILL to it after a grace period. Out of the terminal's group it no longer gets a
+//! Ctrl-C directly, so a stop asked for while it runs (Ctrl-C, the daemon's SIGTERM) is
+//! passed on to its group as SIGTERM; one asked for before it started is not, so that an
+//! `after` hook still runs in full after an interrupted backup.
+
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// How a bounded child ended.
+#[derive(Debug)]
+pub enum Ended {
+    Exited(ExitStatus),
+    /// Still running at its limit: stopped, with its process group.
+    TimedOut,
+    /// A stop was asked for while it ran: stopped, with its process group.
+    Interrupted,
+}
+
+/// How long a child stopped with SIGTERM has before SIGKILL.
+pub const GRACE: Duration = Duration::from_secs(10);
+
+/// Spawns `cmd` in a new process group and waits for it, at most `limit` (none: no
+/// limit); `grace` is the time between SIGTERM and SIGKILL. `started` runs once the child
+/// exists (a notification command's input is written there).
+pub fn run(
+    cmd: &mut Command,
+    limit: Option<Duration>,
+    grace: Duration,
+    started: impl FnOnce(&mut Child),
+) -> io::Result<Ended> {
+    let interrupted_before = crate::signals::interrupted();
+    let mut child = cmd.process_group(0).spawn()?;
+    started(&mut child);
+    // A limit too far to reach (`hook-timeout = "99999999999d"`) is none.
+    let deadline = limit.and_then(|l| Instant::now().checked_add(l));
+    // Short polls first, so that a quick hook costs no more than a blocking wait would.
+    let mut nap = Duration::from_millis(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Ended::Exited(status));
+        }
+        if !interrupted_before && crate::signals::interrupted() {
+            stop(&mut child, grace)?;
+            return Ok(Ended::Interrupted);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            stop(&mut child, grace)?;
+            return Ok(Ended::TimedOut);
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// SIGTERM to the child's group, SIGKILL after `grace` if the child is still there, and
+/// the child reaped. What the group left behind after SIGKILL is the kernel's to end.
+fn stop(child: &mut Child, grace: Duration) -> io::Result<()> {
+    let group = child.id() as libc::pid_t;
+    signal_group(group, libc::SIGTERM);
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if child.try_wait()?.is_some() {
+            // The shell is gone; its group may not be (a child that ignored SIGTERM).
+            signal_group(group, libc::SIGKILL);
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signal_group(group, libc::SIGKILL);
+    child.wait().map(|_| ())
+}
+
+fn signal_group(group: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill(2) with a negative pid signals that process group; a group already
+    // gone is ESRCH, which changes nothing.
+    unsafe {
+        libc::kill(-group, signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(script);
+        c
+    }
+
+    /// Whether `pid` is a live process (not a zombie), read from /proc.
+    fn alive(pid: u32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+            Err(_) => false,
+        }
+    }
+
+    fn wait_gone(pid: u32) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if !alive(pid) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    #[test]
+    fn an_exit_status_comes_through_and_no_limit_is_needed() {
+        let ended = run(&mut sh("exit 3"), None, GRACE, |_| {}).unwrap();
+        assert!(
+            matches!(ended, Ended::Exited(s) if s.code() == Some(3)),
+            "{ended:?}"
+        );
+        let ended = run(
+            &mut sh("true"),
+            Some(Duration::from_secs(30)),
+            GRACE,
+            |_| {},
+        )
+        .unwrap();
+        assert!(
+            matches!(ended, Ended::Exited(s) if s.success()),
+            "{ended:?}"
+        );
+    }
+
+    #[test]
+    fn a_child_past_its_limit_is_stopped_with_what_it_started() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+        let started = Instant::now();
+        let ended = run(
+            &mut sh(&script),
+            Some(Duration::from_millis(300)),
+            GRACE,
+            |_| {},
+        )
+        .unwrap();
+        assert!(matches!(ended, Ended::TimedOut), "{ended:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        let grandchild: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            wait_gone(grandchild),
+            "the shell's child {grandchild} lives on"
+        );
+    }
+
+    #[test]
+    fn a_child_that_ignores_sigterm_is_killed_after_the_grace_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        // The trap is inherited by the background sleep too.
+        let script = format!(
+            "trap '' TERM; sleep 60 & echo $! > {}; wait; wait",
+            pidfile.display()
+        );
+        let started = Instant::now();
+        let limit = Some(Duration::from_millis(200));
+        let ended = run(&mut sh(&script), limit, Duration::from_millis(300), |_| {}).unwrap();
+        assert!(matches!(ended, Ended::TimedOut), "{ended:?}");
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(500), "no grace: {took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        let grandchild: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            wait_gone(grandchild),
+            "the shell's child {grandchild} lives on"
+        );
+    }
+}
