@@ -106,15 +106,21 @@ mod tests {
         }
     }
 
-    fn wait_gone(pid: u32) -> bool {
+    /// Waits a few seconds for the process whose pid is in `pidfile` to end.
+    fn assert_gone(pidfile: &std::path::Path) {
+        let pid: u32 = std::fs::read_to_string(pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if !alive(pid) {
-                return true;
-            }
+        while alive(pid) {
+            assert!(
+                Instant::now() < deadline,
+                "the shell's child {pid} lives on"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
-        false
     }
 
     #[test]
@@ -156,15 +162,7 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
-        let grandchild: u32 = std::fs::read_to_string(&pidfile)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        assert!(
-            wait_gone(grandchild),
-            "the shell's child {grandchild} lives on"
-        );
+        assert_gone(&pidfile);
     }
 
     #[test]
@@ -183,14 +181,6 @@ mod tests {
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(500), "no grace: {took:?}");
         assert!(took < Duration::from_secs(5), "{took:?}");
-        let grandchild: u32 = std::fs::read_to_string(&pidfile)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        assert!(
-            wait_gone(grandchild),
-            "the shell's child {grandchild} lives on"
-        );
+        assert_gone(&pidfile);
     }
 }

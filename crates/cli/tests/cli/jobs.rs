@@ -201,6 +201,21 @@ impl Daemon {
         self.events(event)
     }
 
+    /// Stops the daemon while a run is in flight: it ends cleanly within seconds, the
+    /// run counted as interrupted.
+    fn stop_a_run(self) {
+        let stopped = Instant::now();
+        let (code, log, err) = self.stop();
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            stopped.elapsed() < Duration::from_secs(15),
+            "stopped in {:?}",
+            stopped.elapsed()
+        );
+        let finished = events(&log, "job_finished");
+        assert_eq!(finished[0]["status"], "interrupted", "{log:?}");
+    }
+
     /// Sends SIGTERM and returns the exit code, the whole log and standard error.
     fn stop(mut self) -> (i32, Vec<Value>, String) {
         self.signal(libc::SIGTERM);
@@ -476,14 +491,15 @@ fn a_failing_before_hook_fails_the_job_notifies_and_makes_no_snapshot() {
     );
 }
 
-#[test]
-fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
-    let env = jobs_env("");
+/// Writes the job `home` (with `extra` lines) whose `before` hook starts a two-minute
+/// sleep, writes its pid and waits for it, and whose `after` hook writes the run's status
+/// to `after-ran`; returns the pid file's path.
+fn sleeping_hook_job(env: &TestEnv, extra: &str) -> std::path::PathBuf {
     let pidfile = env.path("sleeper.pid");
     write_config(
-        &env,
+        env,
         &format!(
-            "[jobs.home]\npaths = [\"{src}\"]\nrepos = [\"@a\"]\nhook-timeout = \"1s\"\n\
+            "[jobs.home]\npaths = [\"{src}\"]\nrepos = [\"@a\"]\n{extra}\n\
              before = \"sleep 120 & echo $! > {pid}; wait\"\n\
              after = \"echo $CAIRN_STATUS > {after}\"\n",
             src = env.path("src").display(),
@@ -491,6 +507,29 @@ fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
             after = env.path("after-ran").display(),
         ),
     );
+    pidfile
+}
+
+/// After [`sleeping_hook_job`]'s `before` hook was stopped: no snapshot, `after` ran in
+/// full and saw `status`, and the sleep the hook's shell started ended with it (or is a
+/// zombie), not left running.
+fn assert_hook_stopped(env: &TestEnv, pidfile: &std::path::Path, status: &str) {
+    assert!(snapshots_of(env, "@a").is_empty());
+    assert_eq!(
+        std::fs::read_to_string(env.path("after-ran")).unwrap(),
+        format!("{status}\n")
+    );
+    let pid = std::fs::read_to_string(pidfile).unwrap();
+    let stat = format!("/proc/{}/stat", pid.trim());
+    wait_for(10, "the hook's sleep to end", || {
+        std::fs::read_to_string(&stat).map_or(true, |s| s.contains(") Z"))
+    });
+}
+
+#[test]
+fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
+    let env = jobs_env("");
+    let pidfile = sleeping_hook_job(&env, "hook-timeout = \"1s\"");
     let started = Instant::now();
     let (code, reports) = run_json(&env, &[]);
     assert!(
@@ -505,18 +544,7 @@ fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
         error.contains("before hook did not finish within 1 s (hook-timeout)"),
         "{reports:#}"
     );
-    assert!(snapshots_of(&env, "@a").is_empty());
-    // `after` still runs, in full: the timeout is each hook's own.
-    assert_eq!(
-        std::fs::read_to_string(env.path("after-ran")).unwrap(),
-        "failure\n"
-    );
-    // What the hook's shell started is stopped with it, not left running.
-    let pid = std::fs::read_to_string(&pidfile).unwrap();
-    let stat = format!("/proc/{}/stat", pid.trim());
-    wait_for(10, "the hook's sleep to end", || {
-        std::fs::read_to_string(&stat).map_or(true, |s| s.contains(") Z"))
-    });
+    assert_hook_stopped(&env, &pidfile, "failure");
 }
 
 /// A hook runs in a process group of its own (so that a timeout can stop what it
@@ -524,42 +552,13 @@ fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
 #[test]
 fn sigterm_stops_a_hook_in_flight_and_the_after_hook_still_runs() {
     let env = jobs_env("");
-    let pidfile = env.path("sleeper.pid");
-    write_config(
-        &env,
-        &format!(
-            "[jobs.home]\npaths = [\"{src}\"]\nrepos = [\"@a\"]\nschedule = \"every 1s\"\n\
-             before = \"sleep 120 & echo $! > {pid}; wait\"\n\
-             after = \"echo $CAIRN_STATUS > {after}\"\n",
-            src = env.path("src").display(),
-            pid = pidfile.display(),
-            after = env.path("after-ran").display(),
-        ),
-    );
+    let pidfile = sleeping_hook_job(&env, "schedule = \"every 1s\"");
     let daemon = Daemon::start(&env, &[]);
     wait_for(60, "the before hook to start", || {
         std::fs::read_to_string(&pidfile).is_ok_and(|p| p.ends_with('\n'))
     });
-    let stopped = Instant::now();
-    let (code, log, err) = daemon.stop();
-    assert_eq!(code, 0, "{err}");
-    assert!(
-        stopped.elapsed() < Duration::from_secs(15),
-        "stopped in {:?}",
-        stopped.elapsed()
-    );
-    let finished = events(&log, "job_finished");
-    assert_eq!(finished[0]["status"], "interrupted", "{log:?}");
-    assert!(snapshots_of(&env, "@a").is_empty());
-    assert_eq!(
-        std::fs::read_to_string(env.path("after-ran")).unwrap(),
-        "interrupted\n"
-    );
-    let pid = std::fs::read_to_string(&pidfile).unwrap();
-    let stat = format!("/proc/{}/stat", pid.trim());
-    wait_for(10, "the hook's sleep to end", || {
-        std::fs::read_to_string(&stat).map_or(true, |s| s.contains(") Z"))
-    });
+    daemon.stop_a_run();
+    assert_hook_stopped(&env, &pidfile, "interrupted");
 }
 
 #[test]
@@ -717,16 +716,7 @@ fn sigterm_stops_a_backup_in_flight_cleanly_and_the_next_run_completes() {
     let daemon = Daemon::start(&env, &[]);
     wait_for(60, "the backup to start", || marker.exists());
     std::thread::sleep(Duration::from_millis(500));
-    let stopped = Instant::now();
-    let (code, log, err) = daemon.stop();
-    assert_eq!(code, 0, "{err}");
-    assert!(
-        stopped.elapsed() < Duration::from_secs(15),
-        "stopped in {:?}",
-        stopped.elapsed()
-    );
-    let finished = events(&log, "job_finished");
-    assert_eq!(finished[0]["status"], "interrupted", "{log:?}");
+    daemon.stop_a_run();
     assert!(snapshots_of(&env, "@a").is_empty());
 
     std::fs::remove_file(src.join("big")).unwrap();
