@@ -60,22 +60,34 @@ pub fn run(
     }
 }
 
-/// SIGTERM to the child's group, SIGKILL after `grace` if the child is still there, and
-/// the child reaped. What the group left behind after SIGKILL is the kernel's to end.
+/// SIGTERM to the child's group; SIGKILL to it if anything of the group is left after
+/// `grace`; the child reaped. The whole group gets the grace period, not only the shell:
+/// `pg_dump` may still be cleaning up after `sh` is gone.
 fn stop(child: &mut Child, grace: Duration) -> io::Result<()> {
     let group = child.id() as libc::pid_t;
     signal_group(group, libc::SIGTERM);
     let deadline = Instant::now() + grace;
+    let mut reaped = false;
     while Instant::now() < deadline {
-        if child.try_wait()?.is_some() {
-            // The shell is gone; its group may not be (a child that ignored SIGTERM).
-            signal_group(group, libc::SIGKILL);
+        // The shell is a member until reaped, so the group is empty only after this.
+        reaped = reaped || child.try_wait()?.is_some();
+        if reaped && !group_exists(group) {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     signal_group(group, libc::SIGKILL);
-    child.wait().map(|_| ())
+    if !reaped {
+        child.wait()?;
+    }
+    Ok(())
+}
+
+/// Whether any process is left in `group` (kill(2) with signal 0 only checks).
+fn group_exists(group: libc::pid_t) -> bool {
+    // SAFETY: signal 0 sends nothing.
+    let r = unsafe { libc::kill(-group, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 fn signal_group(group: libc::pid_t, signal: libc::c_int) {
