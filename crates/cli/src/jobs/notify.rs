@@ -29,6 +29,7 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a `command:` notification may run (it mails, it posts): one that hangs must
 /// not hold its job, or the daemon's next runs of it, forever.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The most of the log sent with a ping.
 pub const LOG_TAIL_BYTES: usize = 10_000;
 
@@ -256,7 +257,10 @@ pub fn finished(targets: &[Target], report: &Report, env: &[(String, String)], l
                 };
                 (url.clone(), r)
             }
-            Target::Command(cmd) => (format!("the command {cmd:?}"), command(cmd, &json, env)),
+            Target::Command(cmd) => (
+                format!("the command {cmd:?}"),
+                command(cmd, &json, env, COMMAND_TIMEOUT),
+            ),
         };
         if let Err(e) = result {
             log.warn(&format!("Cannot notify {what}: {e}"));
@@ -265,8 +269,13 @@ pub fn finished(targets: &[Target], report: &Report, env: &[(String, String)], l
 }
 
 /// A notification command, given the JSON document on its standard input, for at most
-/// [`COMMAND_TIMEOUT`].
-fn command(cmd: &str, json: &[u8], env: &[(String, String)]) -> Result<(), String> {
+/// `limit`.
+fn command(
+    cmd: &str,
+    json: &[u8],
+    env: &[(String, String)],
+    limit: Duration,
+) -> Result<(), String> {
     let mut command = Command::new("sh");
     command
         .arg("-c")
@@ -274,7 +283,7 @@ fn command(cmd: &str, json: &[u8], env: &[(String, String)]) -> Result<(), Strin
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::null());
-    let ended = child::run(&mut command, Some(COMMAND_TIMEOUT), child::GRACE, |c| {
+    let ended = child::run(&mut command, Some(limit), child::GRACE, |c| {
         if let Some(mut stdin) = c.stdin.take() {
             // Written from a thread: a command that reads none of a document larger than
             // the pipe holds must not stop the timeout. One that does not read it is fine.
@@ -290,7 +299,7 @@ fn command(cmd: &str, json: &[u8], env: &[(String, String)]) -> Result<(), Strin
         Ended::Exited(status) => Err(format!("it failed ({status})")),
         Ended::TimedOut => Err(format!(
             "it did not finish within {} s and was stopped",
-            COMMAND_TIMEOUT.as_secs()
+            limit.as_secs_f64()
         )),
         Ended::Interrupted => Err("it was stopped: a stop was asked for".to_string()),
     }
@@ -299,6 +308,28 @@ fn command(cmd: &str, json: &[u8], env: &[(String, String)]) -> Result<(), Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A command that reads none of a document larger than a pipe holds, and never ends,
+    /// is stopped at its limit; one that reads it all succeeds.
+    #[test]
+    fn a_notification_command_is_bounded_in_time() {
+        let json = vec![b'x'; 1 << 20];
+        let started = std::time::Instant::now();
+        let e = command("sleep 120", &json, &[], Duration::from_millis(300)).unwrap_err();
+        assert!(e.contains("did not finish within 0.3 s"), "{e}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let read = command(
+            "wc -c | grep -qx 1048576",
+            &json,
+            &[],
+            Duration::from_secs(30),
+        );
+        assert_eq!(read, Ok(()));
+    }
 
     #[test]
     fn targets_parse_by_prefix() {
