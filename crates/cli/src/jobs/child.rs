@@ -2,12 +2,15 @@
 //! would otherwise hold its job forever, unseen, since the run never ends and so never
 //! notifies.
 //!
-//! The child runs in a process group of its own, so that a timeout stops what `sh -c`
-//! started too (`pg_dump db | gzip`), not only the shell: SIGTERM to the group, then
-//! SIGKILL to it after a grace period. Out of the terminal's group it no longer gets a
-//! Ctrl-C directly, so a stop asked for while it runs (Ctrl-C, the daemon's SIGTERM) is
-//! passed on to its group as SIGTERM; one asked for before it started is not, so that an
-//! `after` hook still runs in full after an interrupted backup.
+//! Unattended (no controlling terminal: the daemon under systemd, cron), the child runs in
+//! a process group of its own, so that a timeout stops what `sh -c` started too (`pg_dump
+//! db | gzip`), not only the shell: SIGTERM to the group, then SIGKILL to what is left of
+//! it after a grace period. With a terminal it stays in cairn's group, so that it can
+//! still prompt there (`sudo`, an ssh passphrase: a background group reading the terminal
+//! is stopped by SIGTTIN) and Ctrl-C reaches it as before; a timeout then stops the shell
+//! alone. A stop asked for while the child runs (Ctrl-C, the daemon's SIGTERM) is passed
+//! on to it as SIGTERM; one asked for before it started is not, so that an `after` hook
+//! still runs in full after an interrupted backup.
 
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -37,8 +40,17 @@ pub fn run(
     started: impl FnOnce(&mut Child),
 ) -> io::Result<Ended> {
     let interrupted_before = crate::signals::interrupted();
-    let mut child = cmd.process_group(0).spawn()?;
+    let own_group = std::fs::File::open("/dev/tty").is_err();
+    if own_group {
+        cmd.process_group(0);
+    }
+    let mut child = cmd.spawn()?;
     started(&mut child);
+    // Negative: the child's process group, whose id is the child's pid.
+    let target = match own_group {
+        true => -(child.id() as libc::pid_t),
+        false => child.id() as libc::pid_t,
+    };
     // A limit too far to reach (`hook-timeout = "99999999999d"`) is none.
     let deadline = limit.and_then(|l| Instant::now().checked_add(l));
     // Short polls first, so that a quick hook costs no more than a blocking wait would.
@@ -48,11 +60,11 @@ pub fn run(
             return Ok(Ended::Exited(status));
         }
         if !interrupted_before && crate::signals::interrupted() {
-            stop(&mut child, grace)?;
+            stop(&mut child, target, grace)?;
             return Ok(Ended::Interrupted);
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            stop(&mut child, grace)?;
+            stop(&mut child, target, grace)?;
             return Ok(Ended::TimedOut);
         }
         std::thread::sleep(nap);
@@ -60,41 +72,46 @@ pub fn run(
     }
 }
 
-/// SIGTERM to the child's group; SIGKILL to it if anything of the group is left after
-/// `grace`; the child reaped. The whole group gets the grace period, not only the shell:
-/// `pg_dump` may still be cleaning up after `sh` is gone.
-fn stop(child: &mut Child, grace: Duration) -> io::Result<()> {
-    let group = child.id() as libc::pid_t;
-    signal_group(group, libc::SIGTERM);
+/// SIGTERM to `target` (the child, or with a negative id its group); SIGKILL to what is
+/// left of it after `grace`; the child reaped. A whole group gets the grace period, not
+/// only the shell: `pg_dump` may still be cleaning up after `sh` is gone.
+fn stop(child: &mut Child, target: libc::pid_t, grace: Duration) -> io::Result<()> {
+    signal(target, libc::SIGTERM);
+    // A stopped process (SIGTTIN, SIGSTOP) would hold SIGTERM until the end of the grace.
+    signal(target, libc::SIGCONT);
     let deadline = Instant::now() + grace;
     let mut reaped = false;
     while Instant::now() < deadline {
-        // The shell is a member until reaped, so the group is empty only after this.
+        // The shell is a member of its group until reaped: the group is empty only after.
+        // A reaped child's pid is not asked about: it may be another process's by now.
         reaped = reaped || child.try_wait()?.is_some();
-        if reaped && !group_exists(group) {
+        if reaped && (target > 0 || !exists(target)) {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    signal_group(group, libc::SIGKILL);
+    if !reaped || target < 0 {
+        signal(target, libc::SIGKILL);
+    }
     if !reaped {
         child.wait()?;
     }
     Ok(())
 }
 
-/// Whether any process is left in `group` (kill(2) with signal 0 only checks).
-fn group_exists(group: libc::pid_t) -> bool {
+/// Whether any process of the group `-target` is left (kill(2) with signal 0 only
+/// checks).
+fn exists(target: libc::pid_t) -> bool {
     // SAFETY: signal 0 sends nothing.
-    let r = unsafe { libc::kill(-group, 0) };
+    let r = unsafe { libc::kill(target, 0) };
     r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
-fn signal_group(group: libc::pid_t, signal: libc::c_int) {
-    // SAFETY: kill(2) with a negative pid signals that process group; a group already
-    // gone is ESRCH, which changes nothing.
+fn signal(target: libc::pid_t, signal: libc::c_int) {
+    // SAFETY: kill(2) on our child's pid, or with a negative id on its process group; one
+    // already gone is ESRCH, which changes nothing.
     unsafe {
-        libc::kill(-group, signal);
+        libc::kill(target, signal);
     }
 }
 

@@ -547,6 +547,41 @@ fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
     assert_hook_stopped(&env, &pidfile, "failure");
 }
 
+/// With a terminal, a hook stays in cairn's process group and can prompt there: in a
+/// group of its own, its read of the terminal would stop it (SIGTTIN) until its timeout.
+#[test]
+fn a_hook_can_read_the_terminal_cairn_runs_in() {
+    let env = jobs_env("");
+    let got = env.path("got");
+    write_config(
+        &env,
+        &format!(
+            "[jobs.home]\npaths = [\"{}\"]\nrepos = [\"@a\"]\nhook-timeout = \"30s\"\n\
+             before = \"read x < /dev/tty; echo got $x > {}\"\n",
+            env.path("src").display(),
+            got.display()
+        ),
+    );
+    // `script` (util-linux) runs cairn on a pseudo-terminal of its own and types what
+    // it reads from its standard input there.
+    let line = format!("{} run home", cairn_bin().display());
+    let mut script = spawnable_program(&env, "script")
+        .args(["-qec", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = script.stdin.take().unwrap();
+    stdin.write_all(b"hello\n").unwrap();
+    wait_for(60, "the hook to read the terminal", || got.exists());
+    drop(stdin);
+    let out = script.wait_with_output().unwrap();
+    assert_eq!(std::fs::read_to_string(&got).unwrap(), "got hello\n");
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(snapshots_of(&env, "@a").len(), 1);
+}
+
 /// A hook runs in a process group of its own (so that a timeout can stop what it
 /// started), out of reach of the signal that stops the daemon: the daemon passes it on.
 #[test]
