@@ -70,6 +70,13 @@ install() {
     local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get install -y systemd >/dev/null || { $sudo apt-get update >/dev/null && $sudo apt-get install -y systemd >/dev/null; }
   fi
+  # A jobs test runs cairn on a pseudo-terminal with script(1) (util-linux's bsdutils,
+  # essential on Debian, so normally already there).
+  if ! command -v script >/dev/null; then
+    echo "== installing bsdutils (for script)"
+    local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get install -y bsdutils >/dev/null || { $sudo apt-get update >/dev/null && $sudo apt-get install -y bsdutils >/dev/null; }
+  fi
 }
 
 start_garage() {
