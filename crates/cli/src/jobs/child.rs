@@ -2,17 +2,21 @@
 //! would otherwise hold its job forever, unseen, since the run never ends and so never
 //! notifies.
 //!
-//! Unattended (no controlling terminal: the daemon under systemd, cron), the child runs in
-//! a process group of its own, so that a timeout stops what `sh -c` started too (`pg_dump
-//! db | gzip`), not only the shell: SIGTERM to the group, then SIGKILL to what is left of
-//! it after a grace period. With a terminal it stays in cairn's group, so that it can
-//! still prompt there (`sudo`, an ssh passphrase: a background group reading the terminal
-//! is stopped by SIGTTIN) and Ctrl-C reaches it as before; a timeout then stops the shell
-//! alone. A stop asked for while the child runs (Ctrl-C, the daemon's SIGTERM) is passed
-//! on to it as SIGTERM; one asked for before it started is not, so that an `after` hook
-//! still runs in full after an interrupted backup.
+//! Unattended (cairn not the foreground of a terminal: the daemon under systemd, cron,
+//! tmux in the background), the child runs in a process group of its own, so that a
+//! timeout stops what `sh -c` started too (`pg_dump db | gzip`), not only the shell:
+//! SIGTERM (and SIGCONT) to the group, then SIGKILL to what is left of it after a grace
+//! period. A stop asked for while it runs (the daemon's SIGTERM) is passed on to the group
+//! the same way; one asked for before it started is not, so that an `after` hook still
+//! runs in full after an interrupted backup.
+//!
+//! In the foreground of a terminal, the child stays in cairn's group (see [`Group`]): a
+//! background group that reads the terminal is stopped (SIGTTIN), and a hook may prompt
+//! (`sudo`). Ctrl-C reaches it from the terminal as before, so nothing is passed on, and
+//! a timeout stops the shell alone.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
@@ -30,26 +34,49 @@ pub enum Ended {
 /// How long a child stopped with SIGTERM has before SIGKILL.
 pub const GRACE: Duration = Duration::from_secs(10);
 
-/// Spawns `cmd` in a new process group and waits for it, at most `limit` (none: no
-/// limit); `grace` is the time between SIGTERM and SIGKILL. `started` runs once the child
-/// exists (a notification command's input is written there).
+/// Where a child runs: in a process group of its own, or in cairn's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    Own,
+    Cairn,
+}
+
+impl Group {
+    /// Cairn's group when cairn is the foreground of its terminal (someone may answer a
+    /// prompt there), else one of the child's own.
+    pub fn for_here() -> Group {
+        let Ok(tty) = std::fs::File::open("/dev/tty") else {
+            return Group::Own;
+        };
+        // SAFETY: tcgetpgrp on a descriptor we own; getpgrp cannot fail.
+        let foreground = unsafe { libc::tcgetpgrp(tty.as_raw_fd()) == libc::getpgrp() };
+        match foreground {
+            true => Group::Cairn,
+            false => Group::Own,
+        }
+    }
+}
+
+/// Spawns `cmd` in `group` and waits for it, at most `limit` (none: no limit) from when
+/// `started` has run (it gets the child: a notification command's input is written
+/// there); `grace` is the time between SIGTERM and SIGKILL.
 pub fn run(
     cmd: &mut Command,
+    group: Group,
     limit: Option<Duration>,
     grace: Duration,
     started: impl FnOnce(&mut Child),
 ) -> io::Result<Ended> {
     let interrupted_before = crate::signals::interrupted();
-    let own_group = std::fs::File::open("/dev/tty").is_err();
-    if own_group {
+    if group == Group::Own {
         cmd.process_group(0);
     }
     let mut child = cmd.spawn()?;
     started(&mut child);
     // Negative: the child's process group, whose id is the child's pid.
-    let target = match own_group {
-        true => -(child.id() as libc::pid_t),
-        false => child.id() as libc::pid_t,
+    let target = match group {
+        Group::Own => -(child.id() as libc::pid_t),
+        Group::Cairn => child.id() as libc::pid_t,
     };
     // A limit too far to reach (`hook-timeout = "99999999999d"`) is none.
     let deadline = limit.and_then(|l| Instant::now().checked_add(l));
@@ -59,7 +86,9 @@ pub fn run(
         if let Some(status) = child.try_wait()? {
             return Ok(Ended::Exited(status));
         }
-        if !interrupted_before && crate::signals::interrupted() {
+        // In cairn's group, the terminal's Ctrl-C reached the child too: let it finish
+        // what it does on SIGINT.
+        if group == Group::Own && !interrupted_before && crate::signals::interrupted() {
             stop(&mut child, target, grace)?;
             return Ok(Ended::Interrupted);
         }
@@ -99,12 +128,27 @@ fn stop(child: &mut Child, target: libc::pid_t, grace: Duration) -> io::Result<(
     Ok(())
 }
 
-/// Whether any process of the group `-target` is left (kill(2) with signal 0 only
-/// checks).
+/// Whether any live process of the group `-target` is left: from /proc, where a zombie
+/// (which `kill(-group, 0)` counts until something reaps it, maybe much later in a
+/// container) is not one; without /proc, by kill(2) with signal 0, which only checks.
 fn exists(target: libc::pid_t) -> bool {
-    // SAFETY: signal 0 sends nothing.
-    let r = unsafe { libc::kill(target, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    let group = -target;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        // SAFETY: signal 0 sends nothing.
+        let r = unsafe { libc::kill(target, 0) };
+        return r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
+    };
+    entries.flatten().any(|e| {
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // "pid (comm) state ppid pgrp ...": comm may hold anything but ends at the last ')'.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("Z");
+        let pgrp = fields.nth(1).and_then(|f| f.parse::<libc::pid_t>().ok());
+        pgrp == Some(group) && state != "Z" && state != "X"
+    })
 }
 
 fn signal(target: libc::pid_t, signal: libc::c_int) {
@@ -152,24 +196,33 @@ mod tests {
         }
     }
 
+    /// A `started` that waits until the script has written its pid file: the limit counts
+    /// from there, so a loaded machine cannot stop the script before it is ready.
+    fn when_ready(pidfile: &std::path::Path) -> impl FnOnce(&mut Child) + '_ {
+        move |_| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !std::fs::read_to_string(pidfile).is_ok_and(|p| p.ends_with('\n')) {
+                assert!(Instant::now() < deadline, "the script never got ready");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+
     #[test]
     fn an_exit_status_comes_through_and_no_limit_is_needed() {
-        let ended = run(&mut sh("exit 3"), None, GRACE, |_| {}).unwrap();
-        assert!(
-            matches!(ended, Ended::Exited(s) if s.code() == Some(3)),
-            "{ended:?}"
-        );
-        let ended = run(
-            &mut sh("true"),
-            Some(Duration::from_secs(30)),
-            GRACE,
-            |_| {},
-        )
-        .unwrap();
-        assert!(
-            matches!(ended, Ended::Exited(s) if s.success()),
-            "{ended:?}"
-        );
+        for group in [Group::Own, Group::Cairn] {
+            let ended = run(&mut sh("exit 3"), group, None, GRACE, |_| {}).unwrap();
+            assert!(
+                matches!(ended, Ended::Exited(s) if s.code() == Some(3)),
+                "{ended:?}"
+            );
+            let limit = Some(Duration::from_secs(30));
+            let ended = run(&mut sh("true"), group, limit, GRACE, |_| {}).unwrap();
+            assert!(
+                matches!(ended, Ended::Exited(s) if s.success()),
+                "{ended:?}"
+            );
+        }
     }
 
     #[test]
@@ -177,39 +230,76 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("pid");
         let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+        let limit = Some(Duration::from_millis(300));
         let started = Instant::now();
         let ended = run(
             &mut sh(&script),
-            Some(Duration::from_millis(300)),
+            Group::Own,
+            limit,
             GRACE,
-            |_| {},
+            when_ready(&pidfile),
         )
         .unwrap();
         assert!(matches!(ended, Ended::TimedOut), "{ended:?}");
+        // Well within the grace period: the group ended on SIGTERM.
         assert!(
-            started.elapsed() < Duration::from_secs(5),
+            started.elapsed() < Duration::from_secs(8),
             "{:?}",
             started.elapsed()
         );
         assert_gone(&pidfile);
     }
 
+    /// In cairn's group, only the shell can be stopped: what it started is out of reach.
+    #[test]
+    fn in_cairns_group_a_child_past_its_limit_is_stopped_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
+        let limit = Some(Duration::from_millis(300));
+        let ended = run(
+            &mut sh(&script),
+            Group::Cairn,
+            limit,
+            GRACE,
+            when_ready(&pidfile),
+        )
+        .unwrap();
+        assert!(matches!(ended, Ended::TimedOut), "{ended:?}");
+        let pid: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(alive(pid), "the shell's child {pid} was stopped too");
+        // SAFETY: the test's own grandchild, alive just now.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGKILL);
+        }
+    }
+
     #[test]
     fn a_child_that_ignores_sigterm_is_killed_after_the_grace_period() {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("pid");
-        // The trap is inherited by the background sleep too.
+        // The trap is inherited by the background sleep too; the pid file is written after.
         let script = format!(
             "trap '' TERM; sleep 60 & echo $! > {}; wait; wait",
             pidfile.display()
         );
-        let started = Instant::now();
         let limit = Some(Duration::from_millis(200));
-        let ended = run(&mut sh(&script), limit, Duration::from_millis(300), |_| {}).unwrap();
+        let grace = Duration::from_millis(300);
+        let ready = when_ready(&pidfile);
+        let mut limit_start = None;
+        let ended = run(&mut sh(&script), Group::Own, limit, grace, |c| {
+            ready(c);
+            limit_start = Some(Instant::now());
+        })
+        .unwrap();
         assert!(matches!(ended, Ended::TimedOut), "{ended:?}");
-        let took = started.elapsed();
+        let took = limit_start.unwrap().elapsed();
         assert!(took >= Duration::from_millis(500), "no grace: {took:?}");
-        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(took < Duration::from_secs(8), "{took:?}");
         assert_gone(&pidfile);
     }
 }

@@ -283,16 +283,22 @@ fn command(
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::null());
-    let ended = child::run(&mut command, Some(limit), child::GRACE, |c| {
-        if let Some(mut stdin) = c.stdin.take() {
-            // Written from a thread: a command that reads none of a document larger than
-            // the pipe holds must not stop the timeout. One that does not read it is fine.
-            let json = json.to_vec();
-            std::thread::spawn(move || {
-                let _ = stdin.write_all(&json);
-            });
-        }
-    })
+    let ended = child::run(
+        &mut command,
+        child::Group::for_here(),
+        Some(limit),
+        child::GRACE,
+        |c| {
+            if let Some(mut stdin) = c.stdin.take() {
+                // Written from a thread: a command that reads none of a document larger than
+                // the pipe holds must not stop the timeout. One that does not read it is fine.
+                let json = json.to_vec();
+                std::thread::spawn(move || {
+                    let _ = stdin.write_all(&json);
+                });
+            }
+        },
+    )
     .map_err(|e| e.to_string())?;
     match ended {
         Ended::Exited(status) if status.success() => Ok(()),

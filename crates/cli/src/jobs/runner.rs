@@ -287,7 +287,13 @@ fn hook(
         .stdout(log.output())
         .stderr(log.output());
     let limit = timeout.map(|t| t.0);
-    let e = match child::run(&mut command, limit, child::GRACE, |_| {}) {
+    let e = match child::run(
+        &mut command,
+        child::Group::for_here(),
+        limit,
+        child::GRACE,
+        |_| {},
+    ) {
         Ok(Ended::Exited(s)) if s.success() => return Ok(()),
         Ok(Ended::Exited(s)) => format!("The {what} hook failed ({s})"),
         Ok(Ended::TimedOut) => format!(

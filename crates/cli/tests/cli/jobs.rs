@@ -529,7 +529,7 @@ fn assert_hook_stopped(env: &TestEnv, pidfile: &std::path::Path, status: &str) {
 #[test]
 fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
     let env = jobs_env("");
-    let pidfile = sleeping_hook_job(&env, "hook-timeout = \"1s\"");
+    let pidfile = sleeping_hook_job(&env, "hook-timeout = \"3s\"");
     let started = Instant::now();
     let (code, reports) = run_json(&env, &[]);
     assert!(
@@ -541,7 +541,7 @@ fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
     assert_eq!(reports[0]["status"], "failure");
     let error = reports[0]["error"].as_str().unwrap_or_default();
     assert!(
-        error.contains("before hook did not finish within 1 s (hook-timeout)"),
+        error.contains("before hook did not finish within 3 s (hook-timeout)"),
         "{reports:#}"
     );
     assert_hook_stopped(&env, &pidfile, "failure");
