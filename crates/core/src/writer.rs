@@ -780,6 +780,10 @@ mod tests {
     use cairn_storage::LocalStorage;
 
     use super::*;
+    use crate::keyfile::KdfParams;
+    use crate::monitor::NullMonitor;
+    use crate::ops::check::{check, CheckOptions};
+    use crate::repo::InitOptions;
 
     /// A kept buffer smaller than the chunk at hand is not handed out to be grown:
     /// growing copies its old bytes.
@@ -796,10 +800,6 @@ mod tests {
         let reused = buffers.take(2 * SMALLEST_KEPT);
         assert_eq!(reused.as_ptr(), at);
     }
-    use crate::keyfile::KdfParams;
-    use crate::monitor::NullMonitor;
-    use crate::ops::check::{check, CheckOptions};
-    use crate::repo::InitOptions;
 
     #[test]
     fn the_budget_holds_back_blobs_until_earlier_ones_are_packed() {

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub enum Ended {
     Exited(ExitStatus),
-    /// Still running at its limit: stopped, with its process group.
+    /// Still running at its limit: stopped (with its process group, if it has one).
     TimedOut,
-    /// A stop was asked for while it ran: stopped, with its process group.
+    /// A stop was asked for while it ran, in a process group of its own: stopped with it.
     Interrupted,
 }
 
@@ -119,9 +119,8 @@ fn stop(child: &mut Child, target: libc::pid_t, grace: Duration) -> io::Result<(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    if !reaped || target < 0 {
-        signal(target, libc::SIGKILL);
-    }
+    // Here a lone child (`target` > 0) is not reaped yet: its pid is still its own.
+    signal(target, libc::SIGKILL);
     if !reaped {
         child.wait()?;
     }
@@ -179,13 +178,19 @@ mod tests {
         }
     }
 
+    /// A shell that starts a minute's sleep, writes its pid to `pidfile` and waits.
+    fn sleeper(pidfile: &std::path::Path) -> Command {
+        sh(&format!("sleep 60 & echo $! > {}; wait", pidfile.display()))
+    }
+
+    fn read_pid(pidfile: &std::path::Path) -> u32 {
+        let pid = std::fs::read_to_string(pidfile).unwrap();
+        pid.trim().parse().unwrap()
+    }
+
     /// Waits a few seconds for the process whose pid is in `pidfile` to end.
     fn assert_gone(pidfile: &std::path::Path) {
-        let pid: u32 = std::fs::read_to_string(pidfile)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let pid = read_pid(pidfile);
         let deadline = Instant::now() + Duration::from_secs(5);
         while alive(pid) {
             assert!(
@@ -229,11 +234,10 @@ mod tests {
     fn a_child_past_its_limit_is_stopped_with_what_it_started() {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("pid");
-        let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
         let limit = Some(Duration::from_millis(300));
         let started = Instant::now();
         let ended = run(
-            &mut sh(&script),
+            &mut sleeper(&pidfile),
             Group::Own,
             limit,
             GRACE,
@@ -255,10 +259,9 @@ mod tests {
     fn in_cairns_group_a_child_past_its_limit_is_stopped_alone() {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("pid");
-        let script = format!("sleep 60 & echo $! > {}; wait", pidfile.display());
         let limit = Some(Duration::from_millis(300));
         let ended = run(
-            &mut sh(&script),
+            &mut sleeper(&pidfile),
             Group::Cairn,
             limit,
             GRACE,
@@ -266,11 +269,7 @@ mod tests {
         )
         .unwrap();
         assert!(matches!(ended, Ended::TimedOut), "{ended:?}");
-        let pid: u32 = std::fs::read_to_string(&pidfile)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
+        let pid = read_pid(&pidfile);
         assert!(alive(pid), "the shell's child {pid} was stopped too");
         // SAFETY: the test's own grandchild, alive just now.
         unsafe {

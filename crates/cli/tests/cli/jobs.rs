@@ -547,8 +547,9 @@ fn a_hook_past_its_timeout_is_stopped_with_its_children_and_fails_the_job() {
     assert_hook_stopped(&env, &pidfile, "failure");
 }
 
-/// With a terminal, a hook stays in cairn's process group and can prompt there: in a
-/// group of its own, its read of the terminal would stop it (SIGTTIN) until its timeout.
+/// In the foreground of a terminal, a hook stays in cairn's process group and can prompt
+/// there: in a group of its own, its read of the terminal would stop it (SIGTTIN) until
+/// its timeout.
 #[test]
 fn a_hook_can_read_the_terminal_cairn_runs_in() {
     let env = jobs_env("");
