@@ -544,6 +544,8 @@ run_corpus() {
     "Each tool at its defaults; conserve has no encryption."
   echo
   for i in "${!tools[@]}"; do echo "- ${tools[$i]}: ${versions[$i]}"; done
+  # A stale list leaves cairn's code spread out (more of it resident), not wrong.
+  echo "- cairn's symbol order: $("$here/scripts/symbol-order" --check "$cairn")"
   for t in "${missing[@]}"; do echo "- $t: not on PATH, not measured"; done
 } >"$work/compare.md"
 for corpus in ${CAIRN_BENCH_CORPORA:-linux mixed}; do run_corpus "$corpus"; done
