@@ -12,11 +12,17 @@
 //! The state is small (ids only, each list bounded), written atomically (temporary file,
 //! fsync, rename, fsync of the directory), and never fails a command: a directory that
 //! cannot be written is a warning, once, and the command goes on. It never holds a secret.
+//!
+//! It is written beside the command, on a thread of its own: the listing that finds an
+//! unchanged backup's parent changes it (the previous backup's snapshot is new), and its
+//! two fsyncs and rename took 0.6-1.5 ms before the walk. Saves run one at a time, in
+//! order, and closing the state waits for the last.
 
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 
@@ -72,9 +78,28 @@ struct StateFile {
 pub struct ClientState {
     path: PathBuf,
     file: Mutex<StateFile>,
-    warn: WarningSink,
-    /// Warnings already given by this process, by kind: each is given once.
-    warned: Mutex<BTreeSet<&'static str>>,
+    warnings: Arc<Warnings>,
+    /// The save in flight, if any.
+    saving: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// Where warnings go, each kind once per process.
+struct Warnings {
+    sink: WarningSink,
+    given: Mutex<BTreeSet<&'static str>>,
+}
+
+impl Warnings {
+    fn once(&self, kind: &'static str, message: &str) {
+        let first = self
+            .given
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(kind);
+        if first {
+            (self.sink)(message);
+        }
+    }
 }
 
 impl std::fmt::Debug for ClientState {
@@ -103,14 +128,17 @@ impl ClientState {
         let path = options.dir.join("repos").join(repo_id).join("state.json");
         let state = ClientState {
             file: Mutex::new(StateFile::default()),
-            warn: Arc::clone(&options.warn),
-            warned: Mutex::default(),
+            warnings: Arc::new(Warnings {
+                sink: Arc::clone(&options.warn),
+                given: Mutex::default(),
+            }),
+            saving: Mutex::default(),
             path,
         };
         match std::fs::read(&state.path) {
             Ok(bytes) => match serde_json::from_slice::<StateFile>(&bytes) {
                 Ok(file) if file.version == VERSION => *state.lock() = file,
-                Ok(file) => state.warn_once(
+                Ok(file) => state.warnings.once(
                     "version",
                     &format!(
                         "{} has version {}, which this cairn does not read; it starts afresh",
@@ -118,7 +146,7 @@ impl ClientState {
                         file.version
                     ),
                 ),
-                Err(e) => state.warn_once(
+                Err(e) => state.warnings.once(
                     "unreadable",
                     &format!(
                         "{} does not parse ({e}); this client's record of the repository \
@@ -133,7 +161,7 @@ impl ClientState {
                     e.kind(),
                     std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
                 ) => {}
-            Err(e) => state.warn_once(
+            Err(e) => state.warnings.once(
                 "unreadable",
                 &format!(
                     "cannot read {} ({e}); this client's record of the repository starts afresh",
@@ -173,7 +201,7 @@ impl ClientState {
                 .collect()
         };
         if !back.is_empty() {
-            self.warn_once(
+            self.warnings.once(
                 "snapshots back",
                 &format!(
                     "the storage may have been rolled back: {} snapshot(s) that this client saw \
@@ -213,7 +241,7 @@ impl ClientState {
     pub fn saw_trash_generation(&self, generation: u64) {
         let highest = self.lock().trash_generation;
         match highest {
-            Some(highest) if generation < highest => self.warn_once(
+            Some(highest) if generation < highest => self.warnings.once(
                 "trash generation",
                 &format!(
                     "the storage may have been rolled back: its trash is at generation \
@@ -236,7 +264,8 @@ impl ClientState {
         self.file.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies `change`; saves if it says it changed something.
+    /// Applies `change`; if it says it changed something, saves the result on a thread
+    /// after the save in flight (inline if no thread can be started).
     fn update(&self, change: impl FnOnce(&mut StateFile) -> bool) {
         let snapshot = {
             let mut f = self.lock();
@@ -246,34 +275,46 @@ impl ClientState {
             f.version = VERSION;
             f.clone()
         };
-        if let Err(e) = self.save(&snapshot) {
-            self.warn_once(
-                "unwritable",
-                &format!(
-                    "cannot record this client's view of the repository in {} ({e}); the \
-                     command goes on, without rollback detection or a remembered key file",
-                    self.path.display()
-                ),
-            );
+        let mut saving = self.saving.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(previous) = saving.take() {
+            let _ = previous.join();
+        }
+        let (path, warnings) = (self.path.clone(), Arc::clone(&self.warnings));
+        let inline = snapshot.clone();
+        match std::thread::Builder::new()
+            .name("cairn-state".into())
+            .spawn(move || save_or_warn(&path, &snapshot, &warnings))
+        {
+            Ok(thread) => *saving = Some(thread),
+            Err(_) => save_or_warn(&self.path, &inline, &self.warnings),
         }
     }
+}
 
-    fn save(&self, file: &StateFile) -> std::io::Result<()> {
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        create_private_dirs(dir)?;
-        let bytes = serde_json::to_vec(file).map_err(std::io::Error::other)?;
-        write_atomic(&self.path, &bytes)
-    }
-
-    fn warn_once(&self, kind: &'static str, message: &str) {
-        let first = self
-            .warned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(kind);
-        if first {
-            (self.warn)(message);
+impl Drop for ClientState {
+    fn drop(&mut self) {
+        let saving = self.saving.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(thread) = saving.take() {
+            let _ = thread.join();
         }
+    }
+}
+
+fn save_or_warn(path: &Path, file: &StateFile, warnings: &Warnings) {
+    let saved = path
+        .parent()
+        .map_or(Ok(()), create_private_dirs)
+        .and_then(|()| serde_json::to_vec(file).map_err(std::io::Error::other))
+        .and_then(|bytes| write_atomic(path, &bytes));
+    if let Err(e) = saved {
+        warnings.once(
+            "unwritable",
+            &format!(
+                "cannot record this client's view of the repository in {} ({e}); the \
+                 command goes on, without rollback detection or a remembered key file",
+                path.display()
+            ),
+        );
     }
 }
 
@@ -393,6 +434,7 @@ mod tests {
         let state = ClientState::open(&opts, "abc").unwrap();
         state.saw_snapshots(&[id(1), id(2)]);
         state.removed_snapshots(&[id(1)]);
+        drop(state);
         let state = ClientState::open(&opts, "abc").unwrap();
         state.saw_snapshots(&[id(1), id(2)]);
         assert_eq!(warnings.lock().unwrap().len(), 1);
@@ -407,6 +449,7 @@ mod tests {
         state.saw_trash_generation(5);
         state.saw_trash_generation(5);
         assert!(warnings.lock().unwrap().is_empty());
+        drop(state);
         let state = ClientState::open(&opts, "abc").unwrap();
         state.saw_trash_generation(4);
         assert_eq!(warnings.lock().unwrap().len(), 1);
@@ -437,9 +480,31 @@ mod tests {
         state.saw_snapshots(&[id(1)]);
         state.saw_trash_generation(2);
         state.set_key_file(KeyId([1; 32]));
+        drop(state);
         let got = warnings.lock().unwrap().clone();
         assert_eq!(got.len(), 1, "{got:?}");
         assert!(got[0].contains("cannot record"), "{got:?}");
+    }
+
+    #[test]
+    fn saves_on_their_threads_land_in_order_and_are_done_when_the_state_is_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (opts, warnings) = options(dir.path());
+        let state = ClientState::open(&opts, "abc").unwrap();
+        for n in 0..50 {
+            state.saw_snapshots(&[id(n), id(n + 1)]);
+        }
+        drop(state);
+        let state = ClientState::open(&opts, "abc").unwrap();
+        let seen: Vec<SnapshotId> = state.lock().snapshots_seen.iter().copied().collect();
+        assert_eq!(seen, [id(50), id(49)].into_iter().rev().collect::<Vec<_>>());
+        assert_eq!(state.lock().snapshots_gone.len(), 49);
+        assert!(warnings.lock().unwrap().is_empty());
+        let names: Vec<_> = std::fs::read_dir(state.path().parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["state.json"], "no temporary file is left");
     }
 
     #[test]

@@ -68,9 +68,11 @@ pub fn compress(codec: Compression, data: &[u8]) -> Vec<u8> {
 
 /// A compressor that keeps its zstd context and output buffer between calls: creating a
 /// context per blob spent most of a backup's time resetting zstd's tables, and a new
-/// buffer per blob faulted in fresh pages for every compressed byte.
+/// buffer per blob faulted in fresh pages for every compressed byte. The context is made
+/// at the first blob worth compressing: an unchanged backup's writer compresses nothing.
 pub struct Compressor {
     codec: Compression,
+    /// zstd's context, once made (`None` also when it could not be: blobs stay raw).
     zstd: Option<zstd::bulk::Compressor<'static>>,
     out: Vec<u8>,
 }
@@ -101,13 +103,9 @@ impl Compressed<'_> {
 
 impl Compressor {
     pub fn new(codec: Compression) -> Self {
-        let zstd = match codec {
-            Compression::Zstd { level } => zstd::bulk::Compressor::new(level).ok(),
-            _ => None,
-        };
         Compressor {
             codec,
-            zstd,
+            zstd: None,
             out: Vec::new(),
         }
     }
@@ -126,6 +124,9 @@ impl Compressor {
             self.out = Vec::new();
         }
         self.out.clear();
+        if let (Compression::Zstd { level }, None) = (self.codec, &self.zstd) {
+            self.zstd = zstd::bulk::Compressor::new(level).ok();
+        }
         let tag = match (self.codec, &mut self.zstd) {
             (Compression::Zstd { .. }, Some(z)) => {
                 self.out

@@ -112,10 +112,7 @@ const WRITER_SNAPSHOTS_KEPT: usize = 100;
 fn snapshot_readers(count: usize, remote: bool) -> usize {
     let (most, each) = match remote {
         true => (16, 4),
-        false => (
-            std::thread::available_parallelism().map_or(1, |n| n.get()),
-            256,
-        ),
+        false => (crate::cores().map_or(1, |n| n.get()), 256),
     };
     most.min(count.div_ceil(each)).max(1)
 }
@@ -1101,7 +1098,7 @@ mod tests {
     fn snapshots_are_read_on_one_thread_locally_unless_there_are_hundreds() {
         assert_eq!(snapshot_readers(0, false), 1);
         assert_eq!(snapshot_readers(98, false), 1);
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = crate::cores().map_or(1, |n| n.get());
         assert_eq!(snapshot_readers(1000, false), cores.min(4));
         // A remote store: a thread for every few requests, at most 16.
         assert_eq!(snapshot_readers(3, true), 1);

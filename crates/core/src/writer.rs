@@ -296,7 +296,7 @@ impl<'r> BlobWriter<'r> {
     }
 
     fn start(repo: &'r Repository, store: bool) -> Self {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = crate::cores().map_or(1, |n| n.get());
         let (job_tx, job_rx) = bounded::<Job>(threads * 2);
         let (sealed_tx, sealed_rx) = bounded::<Sealed>(threads * 2);
         let seal_times = Arc::new(SealTimes::default());

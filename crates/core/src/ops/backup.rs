@@ -577,7 +577,7 @@ where
         // backed up both corpora as fast with the page cache dropped (Linux tree 6.63-6.67 s
         // against 6.53-6.64, mixed 4.40-5.32 against 4.87-5.09) at 74 and 90-97 MiB of peak
         // RSS against 99-102 and 113-116: each reader holds a chunker buffer and a chunk.
-        0 => std::thread::available_parallelism().map_or(2, |n| n.get().max(2)),
+        0 => crate::cores().map_or(2, |n| n.get().max(2)),
         n => n,
     };
     let walked = std::thread::scope(|scope| {

@@ -445,7 +445,7 @@ fn check_packs(
     let next = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
     let results = Mutex::new(Vec::with_capacity(packs.len()));
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = crate::cores().map_or(1, |n| n.get());
     std::thread::scope(|s| {
         for _ in 0..threads {
             s.spawn(|| loop {

@@ -293,7 +293,7 @@ pub(crate) fn check_target(repo: &Repository, start: &Entry, opts: &RestoreOptio
 /// mixed corpus too (1.09-1.20 s against 1.11-1.59 s), at a peak RSS of 72 MiB against
 /// 89-96 on the first and 44-50 against 72 on the second: each thread keeps its buffers.
 fn local_writers() -> usize {
-    let cores = std::thread::available_parallelism().map_or(4, |n| n.get());
+    let cores = crate::cores().map_or(4, |n| n.get());
     (2 * cores).clamp(4, 8)
 }
 
