@@ -21,7 +21,6 @@ use std::process::Command;
 fn main() {
     let order = Path::new("symbol-order.txt");
     println!("cargo:rerun-if-changed={}", order.display());
-    println!("cargo:rerun-if-changed=build.rs");
     let optimized = env::var("OPT_LEVEL").is_ok_and(|level| level != "0");
     let native = env::var("TARGET").ok() == env::var("HOST").ok();
     if !optimized || !native || env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {

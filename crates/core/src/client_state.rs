@@ -15,7 +15,7 @@
 //!
 //! It is written beside the command, on a thread of its own: the listing that finds an
 //! unchanged backup's parent changes it (the previous backup's snapshot is new), and its
-//! two fsyncs and rename took 0.6-1.5 ms before the walk. Saves run one at a time, in
+//! two fsyncs and rename took 0.55 ms here before the walk. Saves run one at a time, in
 //! order, and closing the state waits for the last.
 
 use std::collections::BTreeSet;
@@ -280,13 +280,13 @@ impl ClientState {
             let _ = previous.join();
         }
         let (path, warnings) = (self.path.clone(), Arc::clone(&self.warnings));
-        let inline = snapshot.clone();
         match std::thread::Builder::new()
             .name("cairn-state".into())
             .spawn(move || save_or_warn(&path, &snapshot, &warnings))
         {
             Ok(thread) => *saving = Some(thread),
-            Err(_) => save_or_warn(&self.path, &inline, &self.warnings),
+            // The state now is at least as new as the one the thread was to save.
+            Err(_) => save_or_warn(&self.path, &self.lock().clone(), &self.warnings),
         }
     }
 }
