@@ -8,6 +8,7 @@
 //! itself rather than wait behind the others.
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::fs::Metadata;
 use std::io;
 use std::os::unix::ffi::OsStringExt;
@@ -73,18 +74,27 @@ pub fn list(
 ) -> Listing {
     let parent = parent.map(|id| repo.read_tree(&id));
     let started = Instant::now();
-    let mut entries: Vec<Entry> = Vec::new();
+    // As many entries as last time, most often: no regrowing (and moving) of the list.
+    // At most 1,024 ahead of time, in case the directory has since shrunk.
+    let expected = match &parent {
+        Some(Ok(tree)) => tree.nodes.len().min(1024),
+        _ => 0,
+    };
+    let mut entries: Vec<Entry> = Vec::with_capacity(expected);
     let mut problems = Vec::new();
     match std::fs::read_dir(dir) {
         Ok(rd) => {
             for entry in rd {
                 match entry {
-                    Ok(e) => entries.push(Entry {
-                        name: e.file_name().into_vec(),
-                        path: e.path(),
-                        md: e.metadata(),
-                        xattrs: Ok(Vec::new()),
-                    }),
+                    Ok(e) => {
+                        let name = e.file_name();
+                        entries.push(Entry {
+                            path: child_path(dir, &name),
+                            name: name.into_vec(),
+                            md: e.metadata(),
+                            xattrs: Ok(Vec::new()),
+                        })
+                    }
                     Err(e) => problems.push(format!("listing incomplete: {e}")),
                 }
             }
@@ -114,6 +124,15 @@ pub fn list(
         problems,
         parent,
     }
+}
+
+/// `dir/name`, allocated once at its length (`Path::join` copies `dir`, then grows the
+/// copy for `name`: two allocations per entry).
+fn child_path(dir: &Path, name: &OsStr) -> PathBuf {
+    let mut path = PathBuf::with_capacity(dir.as_os_str().len() + 1 + name.len());
+    path.push(dir);
+    path.push(name);
+    path
 }
 
 /// Directories listed ahead but not yet walked, at most: bounds memory on very wide trees
