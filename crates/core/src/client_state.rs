@@ -285,8 +285,12 @@ impl ClientState {
             .spawn(move || save_or_warn(&path, &snapshot, &warnings))
         {
             Ok(thread) => *saving = Some(thread),
-            // The state now is at least as new as the one the thread was to save.
-            Err(_) => save_or_warn(&self.path, &self.lock().clone(), &self.warnings),
+            // The state now is at least as new as the one the thread was to save; copied
+            // first, so that the lock is not held while it is written.
+            Err(_) => {
+                let now = self.lock().clone();
+                save_or_warn(&self.path, &now, &self.warnings);
+            }
         }
     }
 }

@@ -241,6 +241,39 @@ impl<'a> Lookahead<'a> {
 mod tests {
     use super::*;
 
+    /// Every entry's path is the directory's joined with its name, however the directory
+    /// was written (a trailing slash, `.`, `..`) and whatever bytes the name holds, and it
+    /// is the entry that was `lstat`ed (a symlink's own metadata, not its target's).
+    #[test]
+    fn entries_are_at_the_directory_joined_with_their_names() {
+        use std::os::unix::ffi::OsStrExt;
+        let repo_dir = tempfile::tempdir().unwrap();
+        let repo = crate::repo::test_repository(repo_dir.path());
+        let tree = tempfile::tempdir().unwrap();
+        let sub = tree.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let names: [&[u8]; 4] = [b"-rf", b"a b", b"\xff\xfe not utf-8", b"\x1b[31mred"];
+        for name in names {
+            std::fs::write(sub.join(OsStr::from_bytes(name)), name).unwrap();
+        }
+        std::os::unix::fs::symlink("/etc/passwd", sub.join("link")).unwrap();
+        let walk = PhaseTimer::default();
+        let trailing = PathBuf::from(format!("{}/", sub.display()));
+        for dir in [sub.clone(), trailing, sub.join("."), sub.join("../sub")] {
+            let listing = list(&repo, &dir, None, false, &walk);
+            assert!(listing.problems.is_empty(), "{:?}", listing.problems);
+            assert_eq!(listing.entries.len(), names.len() + 1);
+            for entry in &listing.entries {
+                assert_eq!(entry.path, dir.join(OsStr::from_bytes(&entry.name)));
+                let md = entry.md.as_ref().unwrap();
+                let lstat = std::fs::symlink_metadata(&entry.path).unwrap();
+                assert_eq!((md.ino(), md.file_type()), (lstat.ino(), lstat.file_type()));
+            }
+            let link = listing.entries.iter().find(|e| e.name == b"link").unwrap();
+            assert!(link.md.as_ref().unwrap().file_type().is_symlink());
+        }
+    }
+
     /// The walk needs directories in depth-first order, the threads take them in the
     /// order asked for: a directory no thread has begun is listed by the walk at once,
     /// not after the others. With no thread at all, every `take` would wait forever.
