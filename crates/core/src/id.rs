@@ -18,6 +18,47 @@ fn prefix(raw: &RawId) -> u64 {
     u64::from_be_bytes([a, b, c, d, e, f, g, h])
 }
 
+/// An id's 64 hex digits on the stack. `hex::encode` builds its `String` one `char` at
+/// a time: writing the 1,045 ids of a client state file took 0.8% of an unchanged
+/// backup's CPU that way.
+struct HexDigits([u8; 64]);
+
+impl HexDigits {
+    fn of(raw: &RawId) -> HexDigits {
+        let mut digits = [0u8; 64];
+        // Cannot fail: the buffer is exactly twice the id's length.
+        let _ = hex::encode_to_slice(raw, &mut digits);
+        HexDigits(digits)
+    }
+}
+
+impl std::ops::Deref for HexDigits {
+    type Target = str;
+    fn deref(&self) -> &str {
+        // Hex digits are ASCII.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+/// Reads an id's hex digits where the deserializer holds them (borrowed from the input
+/// when it can), without a `String` for each: a client state file holds up to 11,000
+/// ids, read by every command.
+struct HexVisitor;
+
+impl serde::de::Visitor<'_> for HexVisitor {
+    type Value = RawId;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an id of 64 hex digits")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawId, E> {
+        let mut raw = [0u8; 32];
+        hex::decode_to_slice(s, &mut raw).map_err(E::custom)?;
+        Ok(raw)
+    }
+}
+
 macro_rules! typed_id {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*
@@ -51,7 +92,12 @@ macro_rules! typed_id {
         impl $name {
             /// The id as 64 lowercase hex digits.
             pub fn to_hex(&self) -> String {
-                hex::encode(self.0)
+                self.hex_digits().to_owned()
+            }
+
+            /// The hex digits in a buffer of their own, without allocating.
+            fn hex_digits(&self) -> HexDigits {
+                HexDigits::of(&self.0)
             }
 
             /// The first 8 hex digits, as `snapshots` shows them.
@@ -67,7 +113,7 @@ macro_rules! typed_id {
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.to_hex())
+                f.write_str(&self.hex_digits())
             }
         }
 
@@ -89,7 +135,7 @@ macro_rules! typed_id {
         impl Serialize for $name {
             fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 if s.is_human_readable() {
-                    s.serialize_str(&self.to_hex())
+                    s.serialize_str(&self.hex_digits())
                 } else {
                     self.0.serialize(s)
                 }
@@ -99,8 +145,7 @@ macro_rules! typed_id {
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 if d.is_human_readable() {
-                    let s = String::deserialize(d)?;
-                    s.parse().map_err(serde::de::Error::custom)
+                    d.deserialize_str(HexVisitor).map(Self)
                 } else {
                     RawId::deserialize(d).map(Self)
                 }
@@ -173,6 +218,34 @@ mod tests {
         let bin = postcard::to_stdvec(&id).unwrap();
         assert_eq!(bin.len(), 32);
         assert_eq!(postcard::from_bytes::<PackId>(&bin).unwrap(), id);
+    }
+
+    /// The digits written without an allocation per id are `hex`'s, and reading takes
+    /// them however JSON wrote them (escaped, or from a reader that cannot lend them).
+    #[test]
+    fn ids_read_and_write_the_same_hex_whatever_the_json_looks_like() {
+        let id = SnapshotId::of_bytes(b"snapshot");
+        assert_eq!(id.to_hex(), hex::encode(id.0));
+        assert_eq!(id.to_string(), hex::encode(id.0));
+        let hex = id.to_hex();
+        let escaped = format!("\"\\u00{:x}{}\"", hex.as_bytes()[0], &hex[1..]);
+        assert_eq!(serde_json::from_str::<SnapshotId>(&escaped).unwrap(), id);
+        let json = format!("\"{hex}\"");
+        assert_eq!(
+            serde_json::from_reader::<_, SnapshotId>(json.as_bytes()).unwrap(),
+            id
+        );
+        let upper = format!("\"{}\"", hex.to_uppercase());
+        assert_eq!(serde_json::from_str::<SnapshotId>(&upper).unwrap(), id);
+        for bad in [
+            &hex[..63],
+            &format!("{hex}0")[..],
+            &format!("g{}", &hex[1..])[..],
+        ] {
+            let e = serde_json::from_str::<SnapshotId>(&format!("\"{bad}\"")).unwrap_err();
+            assert!(e.is_data(), "{bad}: {e}");
+        }
+        assert!(serde_json::from_str::<SnapshotId>("7").is_err());
     }
 
     #[test]
