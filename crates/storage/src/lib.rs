@@ -157,8 +157,16 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
     /// Whether the file exists.
     fn exists(&self, name: &str) -> Result<bool>;
 
-    /// Removes the file, or [`StorageError::NotFound`] if it is missing.
+    /// Removes the file, or [`StorageError::NotFound`] if it is missing. The removal is
+    /// durable when this returns.
     fn delete(&self, name: &str) -> Result<()>;
+
+    /// Removes the file like [`delete`](Self::delete), without waiting for the removal
+    /// to be durable: a crash soon after may bring the file back as it was. Only for
+    /// files whose return is harmless, such as a finished session's.
+    fn delete_unsynced(&self, name: &str) -> Result<()> {
+        self.delete(name)
+    }
 
     /// Requests issued so far, for stores where requests cost time or money (remote
     /// ones); `None` for a local directory.

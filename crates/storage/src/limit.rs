@@ -146,6 +146,10 @@ impl Storage for Limited {
         self.inner.delete(name)
     }
 
+    fn delete_unsynced(&self, name: &str) -> Result<()> {
+        self.inner.delete_unsynced(name)
+    }
+
     fn request_counts(&self) -> Option<Arc<RequestCounts>> {
         self.inner.request_counts()
     }

@@ -515,13 +515,18 @@ impl Storage for LocalStorage {
     }
 
     fn delete(&self, name: &str) -> Result<()> {
+        self.delete_unsynced(name)?;
+        let path = self.path(name)?;
+        sync_dir(parent_dir(&path)).map_err(|err| self.io_error("sync", name, err))
+    }
+
+    fn delete_unsynced(&self, name: &str) -> Result<()> {
         let path = self.path(name)?;
         self.open
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|o| o.name != name);
-        fs::remove_file(&path).map_err(|err| self.read_error("delete", name, err))?;
-        sync_dir(parent_dir(&path)).map_err(|err| self.io_error("sync", name, err))
+        fs::remove_file(&path).map_err(|err| self.read_error("delete", name, err))
     }
 }
 

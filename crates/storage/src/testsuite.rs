@@ -320,6 +320,18 @@ impl Suite<'_> {
         self.write(name, b"reborn");
         let read = self.ok("read after rewrite", self.storage.read(name));
         ensure!(self, read == b"reborn", "rewritten {name} reads {read:?}");
+        // Removed without waiting for durability: gone for every reader at once all the
+        // same.
+        self.ok("delete_unsynced", self.storage.delete_unsynced(name));
+        self.written.remove(name);
+        self.expect_not_found("read", name, self.storage.read(name));
+        let listed = self.ok("list", self.storage.list("suite/delete"));
+        ensure!(
+            self,
+            listed.is_empty(),
+            "{name} is still listed after delete_unsynced: {listed:?}"
+        );
+        self.expect_not_found("delete_unsynced", name, self.storage.delete_unsynced(name));
     }
 
     fn invalid_names_are_rejected(&mut self) {
@@ -342,13 +354,14 @@ impl Suite<'_> {
         ];
         for name in bad_names {
             let s = self.storage;
-            let results: [(&str, crate::Result<()>); 6] = [
+            let results: [(&str, crate::Result<()>); 7] = [
                 ("write", s.write(name, b"x")),
                 ("read", s.read(name).map(drop)),
                 ("read_range", s.read_range(name, 0, 0).map(drop)),
                 ("size", s.size(name).map(drop)),
                 ("exists", s.exists(name).map(drop)),
                 ("delete", s.delete(name)),
+                ("delete_unsynced", s.delete_unsynced(name)),
             ];
             for (op, result) in results {
                 match result {

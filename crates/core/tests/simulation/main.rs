@@ -93,6 +93,10 @@ struct Rules {
     writers: bool,
     /// (i) A write-only key's backup leaves out the packs the notices name.
     notices: bool,
+    /// Not a rule but what the code allows: a session's files are removed at its end
+    /// without waiting for the removal to be durable, and now and then its machine
+    /// crashes before it is. The files come back as they were, from a boot that ended.
+    lost_removals: bool,
 }
 
 /// The model without write-only keys, where rules (a) to (h) were each shown to matter.
@@ -116,6 +120,7 @@ const ALL_RULES: Rules = Rules {
     lossy_trash_listing: false,
     writers: true,
     notices: true,
+    lost_removals: true,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -241,6 +246,9 @@ struct Survey {
 
 struct Sim {
     rng: StdRng,
+    /// Draws for [`Rules::lost_removals`], apart from `rng` so that a schedule without
+    /// such a crash is the one it was before the model had them.
+    faults: StdRng,
     rules: Rules,
     st: Storage,
     actors: Vec<Actor>,
@@ -268,6 +276,7 @@ impl Sim {
             .collect();
         Sim {
             rng,
+            faults: StdRng::seed_from_u64(seed ^ 0x6c6f_7374),
             rules,
             st: Storage {
                 now: 10 * GRACE,
@@ -414,11 +423,23 @@ impl Sim {
         sess.lost
     }
 
-    /// `Session::finish`.
+    /// `Session::finish`, whose removals are not made durable: with
+    /// [`Rules::lost_removals`], one finish in eight is followed by a crash of its
+    /// machine that brings the files back. They then name a boot no judge shares, as a
+    /// reboot would, so judges go by the storage's times alone.
     fn finish_session(&mut self, a: usize) {
         let sess = self.actors[a].sess.take().expect("a session");
+        let back = self.rules.lost_removals && self.faults.gen_ratio(1, 8);
+        let ended_boot = format!("boot{}-ended", self.actors[a].host);
         for name in sess.files {
             delete(&mut self.st.sessions, &mut self.st.now, &mut self.rng, name);
+            if let Some(file) = self.st.sessions.files.get_mut(&name).filter(|_| back) {
+                file.deleted = None;
+                file.body.boot_id = Some(ended_boot.clone());
+            }
+        }
+        if back {
+            self.log(|| format!("actor {a}: its machine crashes, its session files come back"));
         }
     }
 
@@ -881,8 +902,11 @@ impl Sim {
             }
             self.check()?;
         }
-        // Prunes alone, once crashed sessions and unindexed packs are old.
+        // Prunes alone, once crashed sessions and unindexed packs are old, on machines
+        // that no longer crash (a prune's files brought back would hold off the next one
+        // until judged ended, 4 intervals, which these do not wait for).
         self.st.now += GRACE + 3600 * SEC;
+        self.rules.lost_removals = false;
         self.log(|| "final prunes".into());
         for _ in 0..3 {
             let a = self.spawn_prune();
