@@ -586,7 +586,7 @@ where
         let mut archiver = Archiver {
             repo,
             ctx: &ctx,
-            pool: &pool,
+            pool,
             opts,
             excludes,
             monitor,
@@ -638,7 +638,7 @@ where
 struct Archiver<'a> {
     repo: &'a Repository,
     ctx: &'a Context<'a>,
-    pool: &'a Pool,
+    pool: Pool<'a>,
     opts: &'a BackupOptions,
     excludes: &'a Excludes,
     monitor: &'a dyn Monitor,
