@@ -432,6 +432,9 @@ impl<'r> BlobWriter<'r> {
     }
 
     fn store(&self, id: BlobId, kind: BlobKind, data: Cow<[u8]>) -> Result<(BlobId, bool)> {
+        if self.joined {
+            return Err(Error::WriterStopped);
+        }
         {
             // Released before the job is sent: a full queue waits on the packer, which
             // takes this lock to move a stored pack's blobs.
@@ -465,7 +468,7 @@ impl<'r> BlobWriter<'r> {
             grant,
         };
         let threads = self.threads.get_or_init(|| self.spawn());
-        if self.joined || threads.jobs.send(job).is_err() {
+        if threads.jobs.send(job).is_err() {
             // The packer stopped on an error; finish() reports it.
             return Err(Error::WriterStopped);
         }
@@ -1003,6 +1006,10 @@ mod tests {
             writer.add(BlobKind::Data, &blob(2)),
             Err(Error::WriterStopped)
         ));
+        assert!(
+            writer.threads.get().is_none(),
+            "no threads started after the end"
+        );
     }
 
     #[test]
