@@ -975,17 +975,23 @@ mod tests {
         assert_eq!(writer.finish().unwrap().stored.len(), 1);
     }
 
+    /// A repository of 1 MiB packs whose index holds one blob, `blob(0)`.
+    fn repository_with_one_blob(dir: &std::path::Path) -> (Repository, BlobId) {
+        let mut repo = repository(dir, 1 << 20);
+        let writer = repo.blob_writer();
+        let old = writer.add(BlobKind::Data, &blob(0)).unwrap().0;
+        let mut written = writer.finish().unwrap();
+        repo.index_written(&mut written).unwrap();
+        (repo, old)
+    }
+
     /// A writer whose blobs the repository already has (an unchanged backup's) starts no
     /// thread and finishes with nothing stored but the packs it relied on; the first new
     /// blob starts them, and finishing twice is refused.
     #[test]
     fn a_writer_starts_its_threads_with_the_first_blob_to_store() {
         let dir = tempfile::tempdir().unwrap();
-        let mut repo = repository(dir.path(), 1 << 20);
-        let writer = repo.blob_writer();
-        let old = writer.add(BlobKind::Data, &blob(0)).unwrap().0;
-        let mut written = writer.finish().unwrap();
-        repo.index_written(&mut written).unwrap();
+        let (repo, old) = repository_with_one_blob(dir.path());
 
         let writer = repo.blob_writer();
         assert!(!writer.add(BlobKind::Data, &blob(0)).unwrap().1);
@@ -1015,11 +1021,7 @@ mod tests {
     #[test]
     fn has_sees_blobs_in_flight_stored_and_in_the_repository() {
         let dir = tempfile::tempdir().unwrap();
-        let mut repo = repository(dir.path(), 1 << 20);
-        let writer = repo.blob_writer();
-        let old = writer.add(BlobKind::Data, &blob(0)).unwrap().0;
-        let mut written = writer.finish().unwrap();
-        repo.index_written(&mut written).unwrap();
+        let (repo, old) = repository_with_one_blob(dir.path());
 
         // Packs of 64 MiB: this blob stays in the pack being filled until finish.
         let dir = tempfile::tempdir().unwrap();
