@@ -53,10 +53,15 @@ impl serde::de::Visitor<'_> for HexVisitor {
     }
 
     fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<RawId, E> {
-        let mut raw = [0u8; 32];
-        hex::decode_to_slice(s, &mut raw).map_err(E::custom)?;
-        Ok(raw)
+        raw_from_hex(s).map_err(E::custom)
     }
+}
+
+/// An id's bytes from its 64 hex digits (either case).
+fn raw_from_hex(s: &str) -> Result<RawId, hex::FromHexError> {
+    let mut raw = [0u8; 32];
+    hex::decode_to_slice(s, &mut raw)?;
+    Ok(raw)
 }
 
 macro_rules! typed_id {
@@ -126,9 +131,7 @@ macro_rules! typed_id {
         impl FromStr for $name {
             type Err = hex::FromHexError;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
-                let mut raw = [0u8; 32];
-                hex::decode_to_slice(s, &mut raw)?;
-                Ok(Self(raw))
+                raw_from_hex(s).map(Self)
             }
         }
 

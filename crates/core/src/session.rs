@@ -471,9 +471,8 @@ impl Session {
         let files = std::mem::take(&mut self.shared.lock().files);
         let mut left = Vec::new();
         for name in files {
-            match self.shared.storage.delete_unsynced(&name) {
-                Ok(()) | Err(StorageError::NotFound { .. }) => {}
-                Err(_) => left.push(name),
+            if cairn_storage::removed(self.shared.storage.delete_unsynced(&name)).is_err() {
+                left.push(name);
             }
         }
         if !left.is_empty() {

@@ -73,7 +73,12 @@ pub(crate) fn range_truncated(
 }
 
 pub fn delete_if_present(storage: &dyn Storage, name: &str) -> Result<()> {
-    match storage.delete(name) {
+    removed(storage.delete(name))
+}
+
+/// A removal's result, a file that was already gone counting as removed.
+pub fn removed(result: Result<()>) -> Result<()> {
+    match result {
         Ok(()) | Err(StorageError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
     }

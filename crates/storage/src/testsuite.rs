@@ -307,15 +307,9 @@ impl Suite<'_> {
             !self.ok("exists", self.storage.exists(name)),
             "{name} exists after delete"
         );
-        self.expect_not_found("read", name, self.storage.read(name));
+        self.expect_gone(name, "suite/delete");
         self.expect_not_found("size", name, self.storage.size(name));
         self.expect_not_found("delete", name, self.storage.delete(name));
-        let listed = self.ok("list", self.storage.list("suite/delete"));
-        ensure!(
-            self,
-            listed.is_empty(),
-            "deleted {name} is still listed: {listed:?}"
-        );
         // A deleted name can be written again.
         self.write(name, b"reborn");
         let read = self.ok("read after rewrite", self.storage.read(name));
@@ -324,14 +318,20 @@ impl Suite<'_> {
         // same.
         self.ok("delete_unsynced", self.storage.delete_unsynced(name));
         self.written.remove(name);
+        self.expect_gone(name, "suite/delete");
+        self.expect_not_found("delete_unsynced", name, self.storage.delete_unsynced(name));
+    }
+
+    /// `name`, just deleted, can be neither read nor found by listing `dir`, which held
+    /// only it.
+    fn expect_gone(&mut self, name: &str, dir: &str) {
         self.expect_not_found("read", name, self.storage.read(name));
-        let listed = self.ok("list", self.storage.list("suite/delete"));
+        let listed = self.ok("list", self.storage.list(dir));
         ensure!(
             self,
             listed.is_empty(),
-            "{name} is still listed after delete_unsynced: {listed:?}"
+            "deleted {name} is still listed: {listed:?}"
         );
-        self.expect_not_found("delete_unsynced", name, self.storage.delete_unsynced(name));
     }
 
     fn invalid_names_are_rejected(&mut self) {
