@@ -25,6 +25,13 @@ use crate::repo::Repository;
 /// How often a session writes its file, unless `CAIRN_HEARTBEAT_SECS` says otherwise.
 pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(300);
 
+/// How long after [`Session::observe`] the file saying what the session observed is
+/// written. An unchanged backup takes 10-300 ms here: its file would be removed moments
+/// after being made durable, a durable write (two fsyncs on a local disk, a request on
+/// S3) and a removal for nothing. Prunes that list sessions meanwhile defer deletions,
+/// as they would until any session's observe file is stored.
+pub const OBSERVE_DELAY: Duration = Duration::from_secs(1);
+
 /// A session whose newest file is this many of its own intervals old (storage time) is
 /// taken for crashed.
 pub const MISSED_BEATS: u32 = 4;
@@ -309,8 +316,8 @@ struct State {
     /// Whether this session ever went silent long enough that a prune may have taken it
     /// for crashed: from then on it cannot rely on its observed generation.
     lost: bool,
-    /// A file is to be written now, not at the next interval ([`Session::observe`]).
-    beat_now: bool,
+    /// When a file is to be written before the next interval ([`Session::observe`]).
+    beat_at: Option<Instant>,
     stop: bool,
 }
 
@@ -341,7 +348,7 @@ impl Session {
                 files: Vec::new(),
                 last_ok: boot_time(),
                 lost: false,
-                beat_now: false,
+                beat_at: None,
                 stop: false,
             }),
             wake: Condvar::new(),
@@ -389,17 +396,19 @@ impl Session {
 
     /// Records that this session has read trash generation `observed` (`None`: it could
     /// not read every trash file), and has the heartbeat thread write a file saying so
-    /// at once, while the caller goes on.
+    /// [`OBSERVE_DELAY`] later (or at the next interval, if sooner), while the caller goes
+    /// on.
     ///
     /// Until that file is stored, the session's newest file says it observed nothing,
     /// which holds back every deletion (`prune::may_delete`): waiting for the write would
     /// only make prunes defer less, and it cost an unchanged backup a durable write
-    /// (file and directory fsynced; on S3 a request) before its walk. A failed write is
-    /// retried at the next interval, as a heartbeat's is.
+    /// (file and directory fsynced; on S3 a request) before its walk. A session that
+    /// ends sooner writes no such file at all. A failed write is retried at the next
+    /// interval, as a heartbeat's is.
     pub fn observe(&self, observed: Option<u64>) {
         let mut state = self.shared.lock();
         state.info.observed = observed;
-        state.beat_now = true;
+        state.beat_at = Some(Instant::now() + OBSERVE_DELAY.min(self.shared.interval));
         drop(state);
         self.shared.wake.notify_all();
     }
@@ -529,8 +538,9 @@ impl Shared {
                 return;
             }
             let now = Instant::now();
-            if state.beat_now || now >= due {
-                state.beat_now = false;
+            let wanted = state.beat_at.map_or(due, |at| at.min(due));
+            if now >= wanted {
+                state.beat_at = None;
                 drop(state);
                 // A failed write is retried at the next interval; `lost` tells whether
                 // the silence grew too long.
@@ -541,7 +551,7 @@ impl Shared {
             }
             state = self
                 .wake
-                .wait_timeout(state, due - now)
+                .wait_timeout(state, wanted - now)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
