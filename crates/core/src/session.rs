@@ -755,6 +755,50 @@ mod tests {
         }
     }
 
+    /// A session that finishes within [`OBSERVE_DELAY`] of `observe` writes one file in
+    /// all; one that lives on writes the observe file too, and removes both.
+    #[test]
+    fn a_session_over_before_the_observe_delay_writes_no_observe_file() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        drop(crate::repo::test_repository(dir.path()));
+        let writes = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&writes);
+        let storage = Hooked {
+            inner: Arc::new(cairn_storage::LocalStorage::new(dir.path())),
+            before_read: no_hook(),
+            before_write: Box::new(move |_, name| {
+                if name.starts_with("sessions/") {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok(())
+            }),
+        };
+        let repo = Repository::open(Arc::new(storage), b"pw".as_slice()).unwrap();
+        let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
+        session.observe(Some(2));
+        std::thread::sleep(OBSERVE_DELAY / 5);
+        session.finish();
+        assert_eq!(writes.load(Ordering::SeqCst), 1, "only the first file");
+
+        let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
+        session.observe(Some(2));
+        std::thread::sleep(OBSERVE_DELAY + Duration::from_millis(500));
+        assert_eq!(
+            writes.load(Ordering::SeqCst),
+            3,
+            "the observe file followed"
+        );
+        let observed: Vec<_> = list(&repo)
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.info.as_ref().map(|i| i.observed))
+            .collect();
+        assert_eq!(observed, [Some(2)]);
+        session.finish();
+        assert!(repo.storage().list("sessions").unwrap().is_empty());
+    }
+
     /// A session whose only listed file was replaced by its next heartbeat before it was
     /// read is still seen, live, through the file that replaced it: skipping the
     /// vanished file left the session out of the listing, and a prune could delete what
@@ -891,8 +935,8 @@ mod tests {
     }
 
     /// `observe` does not wait for the file that records it (a durable write before an
-    /// unchanged backup's walk), and that file is written at once, not a heartbeat
-    /// interval (300 s) later.
+    /// unchanged backup's walk), and that file follows [`OBSERVE_DELAY`] later, not a
+    /// heartbeat interval (300 s) later.
     #[test]
     fn observe_returns_at_once_and_its_file_follows_without_waiting_for_a_heartbeat() {
         let dir = tempfile::tempdir().unwrap();
