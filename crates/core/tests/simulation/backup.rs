@@ -95,10 +95,12 @@ impl Sim {
                     .info
                     .observed = observed;
                 // `Session::observe` leaves the file to the heartbeat thread, which writes
-                // it at once (at its next turn here) while the backup goes on, or, if that
-                // write fails, at the next interval.
-                let now = self.st.now;
-                self.actors[a].sess.as_mut().expect("a session").next_beat = now;
+                // it `OBSERVE_DELAY` later (at its first turn after that here; never, if
+                // the backup is over sooner) while the backup goes on, or, if that write
+                // fails, at the next interval.
+                let at = self.st.now + OBSERVE_DELAY.as_millis() as u64;
+                let sess = self.actors[a].sess.as_mut().expect("a session");
+                sess.next_beat = sess.next_beat.min(at);
                 self.backup(a).step = BStep::Adopt;
             }
             // A writer can neither judge sessions nor read packs' headers.

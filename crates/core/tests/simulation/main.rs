@@ -24,7 +24,9 @@ use std::time::{Duration, SystemTime};
 use cairn_core::commit::{deletable_under, unsafe_packs};
 use cairn_core::id::PackId;
 use cairn_core::ops::prune::may_delete;
-use cairn_core::session::{judge, Host, SessionInfo, SessionKind, Standing, MISSED_BEATS};
+use cairn_core::session::{
+    judge, Host, SessionInfo, SessionKind, Standing, MISSED_BEATS, OBSERVE_DELAY,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
