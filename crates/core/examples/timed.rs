@@ -1,11 +1,13 @@
 //! Times one command as the benchmarks report it: runs CMD with its standard output to
-//! OUT and its standard error to ERR, and prints "WALL CPU RSS": wall seconds to the
-//! millisecond, user+system CPU seconds, and the peak RSS in KiB (the kernel's
+//! OUT and its standard error to ERR, and prints "WALL CPU RSS": wall seconds to a tenth
+//! of a millisecond, user+system CPU seconds, and the peak RSS in KiB (the kernel's
 //! `ru_maxrss` for the child, as GNU time's `%M`). Exits with CMD's status (128+N if
 //! signal N ended it) and prints nothing then.
 //!
 //! GNU time's `%e` has two decimals, and an unchanged backup of the mixed corpus takes
-//! 10-30 ms: its ratio to another tool's was rounding. Not a Python script: a child
+//! 10-30 ms: its ratio to another tool's was rounding. To the millisecond, 11.5 against
+//! 24.4 ms could print as 0.012 against 0.024 or 0.011 against 0.025, a ratio from 0.44
+//! to 0.50. Not a Python script: a child
 //! spawned from Python starts with Python's peak RSS (13 MiB) as its own, since the
 //! kernel carries the pre-exec peak over; this binary's is about 2 MiB, as GNU time's.
 //!
@@ -68,7 +70,7 @@ fn main() -> ExitCode {
     };
     let cpu = time(usage.ru_utime) + time(usage.ru_stime);
     println!(
-        "{:.3} {:.2} {}",
+        "{:.4} {:.2} {}",
         wall.as_secs_f64(),
         cpu.as_secs_f64(),
         usage.ru_maxrss
