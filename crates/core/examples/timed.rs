@@ -5,11 +5,11 @@
 //! signal N ended it) and prints nothing then.
 //!
 //! GNU time's `%e` has two decimals, and an unchanged backup of the mixed corpus takes
-//! 10-30 ms: its ratio to another tool's was rounding. To the millisecond, 11.5 against
-//! 24.4 ms could print as 0.012 against 0.024 or 0.011 against 0.025, a ratio from 0.44
-//! to 0.50. Not a Python script: a child
-//! spawned from Python starts with Python's peak RSS (13 MiB) as its own, since the
-//! kernel carries the pre-exec peak over; this binary's is about 2 MiB, as GNU time's.
+//! 10-30 ms: its ratio to another tool's was rounding. So it was to the millisecond: a
+//! backup of 11.5-12.5 ms printed 0.012 beside another's 0.024 for 23.5-24.5 ms, ratios
+//! from 0.47 to 0.53 printed as 0.50. Not a Python script: a child spawned from Python
+//! starts with Python's peak RSS (13 MiB) as its own, since the kernel carries the
+//! pre-exec peak over; this binary's is about 2 MiB, as GNU time's.
 //!
 //! usage: cargo run --release -p cairn-core --example timed -- OUT ERR CMD...
 
