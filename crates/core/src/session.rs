@@ -711,6 +711,18 @@ mod tests {
         Box::new(|_, _| Ok(()))
     }
 
+    /// A new repository in `dir`, opened through storage that calls `before_write`
+    /// before each write.
+    fn hooked_on_writes(dir: &std::path::Path, before_write: Hook) -> Repository {
+        drop(crate::repo::test_repository(dir));
+        let storage = Hooked {
+            inner: Arc::new(cairn_storage::LocalStorage::new(dir)),
+            before_read: no_hook(),
+            before_write,
+        };
+        Repository::open(Arc::new(storage), b"pw".as_slice()).unwrap()
+    }
+
     impl std::fmt::Debug for Hooked {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.debug_struct("Hooked").finish_non_exhaustive()
@@ -761,20 +773,17 @@ mod tests {
     fn a_session_over_before_the_observe_delay_writes_no_observe_file() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let dir = tempfile::tempdir().unwrap();
-        drop(crate::repo::test_repository(dir.path()));
         let writes = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&writes);
-        let storage = Hooked {
-            inner: Arc::new(cairn_storage::LocalStorage::new(dir.path())),
-            before_read: no_hook(),
-            before_write: Box::new(move |_, name| {
+        let repo = hooked_on_writes(
+            dir.path(),
+            Box::new(move |_, name| {
                 if name.starts_with("sessions/") {
                     counted.fetch_add(1, Ordering::SeqCst);
                 }
                 Ok(())
             }),
-        };
-        let repo = Repository::open(Arc::new(storage), b"pw".as_slice()).unwrap();
+        );
         let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
         session.observe(Some(2));
         std::thread::sleep(OBSERVE_DELAY / 5);
@@ -783,12 +792,11 @@ mod tests {
 
         let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
         session.observe(Some(2));
-        std::thread::sleep(OBSERVE_DELAY + Duration::from_millis(500));
-        assert_eq!(
-            writes.load(Ordering::SeqCst),
-            3,
-            "the observe file followed"
-        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while writes.load(Ordering::SeqCst) < 3 {
+            assert!(Instant::now() < deadline, "no observe file within 10 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let observed: Vec<_> = list(&repo)
             .unwrap()
             .iter()
@@ -940,22 +948,19 @@ mod tests {
     #[test]
     fn observe_returns_at_once_and_its_file_follows_without_waiting_for_a_heartbeat() {
         let dir = tempfile::tempdir().unwrap();
-        drop(repository(dir.path()));
         // Writes of session files wait while the gate is closed.
         let gate = Arc::new((Mutex::new(false), Condvar::new()));
         let held = Arc::clone(&gate);
-        let gated = Hooked {
-            inner: Arc::new(cairn_storage::LocalStorage::new(dir.path())),
-            before_read: no_hook(),
-            before_write: Box::new(move |_, name| {
+        let repo = hooked_on_writes(
+            dir.path(),
+            Box::new(move |_, name| {
                 if name.starts_with("sessions/") {
                     let (closed, opened) = &*held;
                     drop(opened.wait_while(closed.lock().unwrap(), |c| *c).unwrap());
                 }
                 Ok(())
             }),
-        };
-        let repo = Repository::open(Arc::new(gated), b"pw".as_slice()).unwrap();
+        );
         let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
         *gate.0.lock().unwrap() = true;
         let (done, returned) = std::sync::mpsc::channel();
