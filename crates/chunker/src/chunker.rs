@@ -10,8 +10,9 @@ use std::fmt;
 use std::io::{self, Read};
 use std::sync::Arc;
 
-use fastcdc::v2020::{cut_gear, get_gear_with_seed, logarithm2, Normalization, MASKS};
+use fastcdc::v2020::get_gear_with_seed;
 
+use crate::cut::Cutter;
 use crate::ChunkerParams;
 
 /// Smallest full-grown buffer, so that small chunk sizes still read in large blocks.
@@ -21,10 +22,6 @@ const MIN_BUFFER_BYTES: usize = 4 * 1024 * 1024;
 /// (and zeroing) the full 16 MiB for each of the 78,000 mostly small files of the Linux
 /// tree cost 120 s of memset; see also [`Chunker::with_buffer`].
 const INITIAL_BUFFER_BYTES: usize = 64 * 1024;
-
-/// FastCDC's normalization level: level 1 narrows the size spread around the average
-/// while keeping boundaries content-driven, and is fastcdc's own default.
-const NORMALIZATION: Normalization = Normalization::Level1;
 
 /// One chunk of the stream, borrowed from the chunker's buffer until the next call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,8 +47,8 @@ pub struct Chunk<'a> {
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Gear {
-    gear: Arc<[u64; 256]>,
-    gear_ls: Arc<[u64; 256]>,
+    pub(crate) gear: Arc<[u64; 256]>,
+    pub(crate) gear_ls: Arc<[u64; 256]>,
 }
 
 impl Gear {
@@ -85,56 +82,6 @@ impl fmt::Debug for Gear {
     }
 }
 
-/// The cut-point function with its masks and gear tables.
-struct Cutter {
-    min_size: usize,
-    avg_size: usize,
-    max_size: usize,
-    mask_s: u64,
-    mask_l: u64,
-    gear: Gear,
-}
-
-impl Cutter {
-    fn new(params: ChunkerParams, gear: Gear) -> Self {
-        // The fields of ChunkerParams are public, so a value may have bypassed `new`;
-        // out-of-range sizes would index past fastcdc's mask table.
-        let params = ChunkerParams::new(params.min_size, params.avg_size, params.max_size)
-            .unwrap_or_else(|err| panic!("Invalid chunker parameters: {err}"));
-        let bits = logarithm2(params.avg_size);
-        let level = NORMALIZATION.bits();
-        Cutter {
-            // fastcdc starts testing at byte `min_size / 2 * 2` and may cut right there,
-            // one byte short of an odd minimum; rounding up keeps every chunk but the
-            // last at least `min_size` long.
-            min_size: params.min_size as usize + (params.min_size as usize & 1),
-            avg_size: params.avg_size as usize,
-            max_size: params.max_size as usize,
-            mask_s: MASKS[(bits + level) as usize],
-            mask_l: MASKS[(bits - level) as usize],
-            gear,
-        }
-    }
-
-    /// Length of the chunk starting at `data[0]`. Depends only on `data[..max_size]`
-    /// (or all of `data` when shorter, which must then be the end of the stream).
-    fn cut(&self, data: &[u8]) -> usize {
-        let (_hash, len) = cut_gear(
-            data,
-            self.min_size,
-            self.avg_size,
-            self.max_size,
-            self.mask_s,
-            self.mask_l,
-            self.mask_s << 1,
-            self.mask_l << 1,
-            &self.gear.gear,
-            &self.gear.gear_ls,
-        );
-        len
-    }
-}
-
 /// Streams chunks out of any reader with one reusable buffer.
 pub struct Chunker<R> {
     reader: R,
@@ -144,6 +91,9 @@ pub struct Chunker<R> {
     capacity: usize,
     start: usize,
     end: usize,
+    /// The chunk at `start` holds no cut point before this offset: the search for its end
+    /// resumes there after a refill instead of hashing the chunk again.
+    scanned: usize,
     eof: bool,
     position: u64,
 }
@@ -184,6 +134,7 @@ impl<R: Read> Chunker<R> {
             capacity,
             start: 0,
             end: 0,
+            scanned: 0,
             eof: false,
             position: 0,
         }
@@ -203,10 +154,14 @@ impl<R: Read> Chunker<R> {
                 // A boundary depends only on the bytes before it: one found before the
                 // end of what was read is final, and so is a cut at `max_size` or at the
                 // end of the stream. Otherwise the chunk may go on: read more.
-                let len = self.cutter.cut(&self.buf[self.start..self.end]);
-                if len < pending || len >= self.cutter.max_size || self.eof {
-                    break len;
+                let cut = self
+                    .cutter
+                    .cut(&self.buf[self.start..self.end], self.scanned);
+                if cut.len < pending || cut.len >= self.cutter.max_size || self.eof {
+                    self.scanned = 0;
+                    break cut.len;
                 }
+                self.scanned = cut.scanned;
             }
             self.refill()?;
         };
@@ -302,7 +257,7 @@ pub fn chunk_slice(
     let mut cuts = Vec::with_capacity(data.len() / cutter.avg_size + 1);
     let mut offset = 0;
     while offset < data.len() {
-        let len = cutter.cut(&data[offset..]);
+        let len = cutter.cut(&data[offset..], 0).len;
         cuts.push((offset, len));
         offset += len;
     }

@@ -5,6 +5,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, RngCore, SeedableRng};
 
 use super::*;
+use fastcdc::v2020::Normalization;
 
 fn small_params() -> ChunkerParams {
     ChunkerParams::new(2 * 1024, 8 * 1024, 32 * 1024).unwrap()

@@ -3,10 +3,12 @@
 //! rest deduplicate against earlier backups.
 //!
 //! This crate is pure: it reads from the reader it is given and does nothing else (no
-//! files, no hashing, no threads). It uses the FastCDC 2020 cut-point function from the
-//! `fastcdc` crate with normalization level 1, but drives it with its own streaming loop
-//! over one reusable buffer, because `fastcdc::v2020::StreamCDC` allocates a `Vec` per
-//! chunk and shifts its whole buffer after every chunk.
+//! files, no hashing, no threads). It finds the cut points of FastCDC 2020 with
+//! normalization level 1, exactly as the `fastcdc` crate's cut function does (its masks
+//! and tables are used), with its own search (`cut`: resumable, and hashing distant
+//! stretches side by side where the processor has AVX-512) and its own streaming loop over
+//! one reusable buffer, because `fastcdc::v2020::StreamCDC` allocates a `Vec` per chunk
+//! and shifts its whole buffer after every chunk.
 //!
 //! ```
 //! use cairn_chunker::{chunk_slice, Chunker, ChunkerParams};
@@ -27,6 +29,7 @@
 //! ```
 
 mod chunker;
+mod cut;
 mod params;
 
 pub use chunker::{chunk_slice, Chunk, Chunker, Gear};
