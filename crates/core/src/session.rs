@@ -792,17 +792,25 @@ mod tests {
 
         let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
         session.observe(Some(2));
+        // The hook counts a write before it lands, and the file it replaces goes after
+        // it: wait for the listing itself.
         let deadline = Instant::now() + Duration::from_secs(10);
-        while writes.load(Ordering::SeqCst) < 3 {
-            assert!(Instant::now() < deadline, "no observe file within 10 s");
+        loop {
+            let observed: Vec<_> = list(&repo)
+                .unwrap()
+                .iter()
+                .filter_map(|v| v.info.as_ref().map(|i| i.observed))
+                .collect();
+            if observed == [Some(2)] {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no observe file alone within 10 s: {observed:?}"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
-        let observed: Vec<_> = list(&repo)
-            .unwrap()
-            .iter()
-            .filter_map(|v| v.info.as_ref().map(|i| i.observed))
-            .collect();
-        assert_eq!(observed, [Some(2)]);
+        assert_eq!(writes.load(Ordering::SeqCst), 3, "the first file, then two");
         session.finish();
         assert!(repo.storage().list("sessions").unwrap().is_empty());
     }
