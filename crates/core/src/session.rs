@@ -396,8 +396,8 @@ impl Session {
 
     /// Records that this session has read trash generation `observed` (`None`: it could
     /// not read every trash file), and has the heartbeat thread write a file saying so
-    /// [`OBSERVE_DELAY`] later (or at the next interval, if sooner), while the caller goes
-    /// on.
+    /// [`OBSERVE_DELAY`] later (or at the next interval, or when an earlier call's file is
+    /// due, if sooner), while the caller goes on.
     ///
     /// Until that file is stored, the session's newest file says it observed nothing,
     /// which holds back every deletion (`prune::may_delete`): waiting for the write would
@@ -408,7 +408,9 @@ impl Session {
     pub fn observe(&self, observed: Option<u64>) {
         let mut state = self.shared.lock();
         state.info.observed = observed;
-        state.beat_at = Some(Instant::now() + OBSERVE_DELAY.min(self.shared.interval));
+        // A write already due keeps its time: calls in turn must not put it off forever.
+        let at = Instant::now() + OBSERVE_DELAY.min(self.shared.interval);
+        state.beat_at = Some(state.beat_at.map_or(at, |due| due.min(at)));
         drop(state);
         self.shared.wake.notify_all();
     }
@@ -813,6 +815,24 @@ mod tests {
         assert_eq!(writes.load(Ordering::SeqCst), 3, "the first file, then two");
         session.finish();
         assert!(repo.storage().list("sessions").unwrap().is_empty());
+    }
+
+    /// A second `observe` before the first one's file is written does not put that
+    /// write off: the file comes when the first was due, with the newest generation.
+    #[test]
+    fn observing_again_does_not_put_off_the_pending_observe_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = repository(dir.path());
+        let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
+        session.observe(Some(2));
+        let due = session.shared.lock().beat_at.expect("a write is due");
+        std::thread::sleep(Duration::from_millis(20));
+        session.observe(Some(3));
+        let state = session.shared.lock();
+        assert_eq!(state.beat_at, Some(due));
+        assert_eq!(state.info.observed, Some(3));
+        drop(state);
+        session.finish();
     }
 
     /// A session whose only listed file was replaced by its next heartbeat before it was
