@@ -4,6 +4,13 @@ use rand::{Rng, RngCore, SeedableRng};
 
 use super::*;
 
+/// The gear hash of `bytes` from 0, a byte at a time: what the search must agree with.
+fn gear_hash(gear: &Gear, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0, |h: u64, &b| {
+        (h << 1).wrapping_add(gear.gear[usize::from(b)])
+    })
+}
+
 fn random_bytes(len: usize, rng: &mut StdRng) -> Vec<u8> {
     let mut data = vec![0; len];
     rng.fill_bytes(&mut data);
@@ -175,9 +182,7 @@ fn vector_lanes_flag_exactly_the_stretches_holding_a_cut_point() {
             let mut expected: u16 = 0;
             for lane in 0..wide::LANES {
                 let from = at + lane * wide::STRETCH;
-                let mut h: u64 = data[from - 64..from]
-                    .iter()
-                    .fold(0, |h, &b| (h << 1).wrapping_add(gear.gear[usize::from(b)]));
+                let mut h = gear_hash(&gear, &data[from - 64..from]);
                 for &b in &data[from..from + wide::STRETCH] {
                     h = (h << 1).wrapping_add(gear.gear[usize::from(b)]);
                     if h & mask == 0 {
@@ -186,9 +191,7 @@ fn vector_lanes_flag_exactly_the_stretches_holding_a_cut_point() {
                 }
             }
             let end = at + wide::BLOCK;
-            let last = data[end - 64..end].iter().fold(0, |h: u64, &b| {
-                (h << 1).wrapping_add(gear.gear[usize::from(b)])
-            });
+            let last = gear_hash(&gear, &data[end - 64..end]);
             // SAFETY: AVX-512F is available (checked above).
             let got = unsafe { wide::block(&gear.gear, &data, at, mask) };
             assert_eq!(got, (expected, last), "mask of {bits} bits at {at}");
@@ -207,9 +210,7 @@ fn the_hash_of_the_64_bytes_before_a_position_is_the_chunks_hash_there() {
     for _ in 0..200 {
         let start = rng.gen_range(0..2048);
         let j = rng.gen_range(start..data.len());
-        let whole = data[start..j].iter().fold(0, |h: u64, &b| {
-            (h << 1).wrapping_add(cutter.gear.gear[usize::from(b)])
-        });
+        let whole = gear_hash(&cutter.gear, &data[start..j]);
         assert_eq!(cutter.hash_before(&data, start, j), whole, "{start}..{j}");
     }
 }
