@@ -19,7 +19,7 @@ use std::cell::Cell;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::crypto::MasterKey;
 use crate::error::{Error, Result};
 use crate::monitor::Monitor;
+use crate::ops::read_once::ReadOnce;
 use crate::pack::BlobKind;
 use crate::tree::ContentRef;
 use crate::writer::{BlobWriter, PhaseTimer};
@@ -142,11 +143,7 @@ fn run(ctx: &Context, work: Work, buffer: &mut Vec<u8>) {
     match work {
         Work::File(to, path) => {
             ctx.monitor.file_started(&path);
-            let outcome = match File::open(&path) {
-                Ok(mut f) => chunk_stream(ctx, &mut f, buffer),
-                Err(e) => Ok(Err(e)),
-            };
-            to.send(outcome);
+            to.send(chunk_file(ctx, &path, buffer));
         }
         Work::Bundle(files) => bundle(ctx, files, buffer),
     }
@@ -197,11 +194,7 @@ fn bundle(ctx: &Context, files: Vec<(ResultSlot, PathBuf)>, buffer: &mut Vec<u8>
             match read {
                 Ok(n) if n as u64 > limit => {
                     data.truncate(start);
-                    let outcome = match File::open(path) {
-                        Ok(mut f) => chunk_stream(ctx, &mut f, buffer),
-                        Err(e) => Ok(Err(e)),
-                    };
-                    to.send(outcome);
+                    to.send(chunk_file(ctx, path, buffer));
                 }
                 Ok(n) => {
                     ctx.monitor.bytes_done(n as u64);
@@ -255,6 +248,15 @@ fn store(ctx: &Context, data: &[u8]) -> Result<(crate::id::BlobId, bool)> {
     let id = ctx.key.blob_id(data);
     ctx.timings.hash.add(started);
     ctx.writer.add_with_id(id, BlobKind::Data, data)
+}
+
+/// Chunks, hashes and stores the file at `path`, read once (its pages dropped behind
+/// the reading if none were cached).
+fn chunk_file(ctx: &Context, path: &Path, buffer: &mut Vec<u8>) -> Outcome {
+    match File::open(path) {
+        Ok(file) => chunk_stream(ctx, &mut ReadOnce::new(file), buffer),
+        Err(e) => Ok(Err(e)),
+    }
 }
 
 /// A reader that counts the time spent in `read`, so that chunking time can be told apart

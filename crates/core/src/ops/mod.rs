@@ -11,6 +11,7 @@ pub mod forget;
 pub mod ignore_files;
 pub mod ingest;
 pub mod prune;
+pub mod read_once;
 pub mod repair;
 pub mod restore;
 pub mod restore_filter;
