@@ -1,6 +1,6 @@
 //! The backup pipeline as a user sees it: small files bundled into shared blobs (and
 //! restored, verified and deduplicated as before), counters and phase timings in the
-//! summary, runs of zeros restored as holes.
+//! summary, runs of zeros restored as holes, the page cache left as it was found.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -292,4 +292,42 @@ fn a_large_file_in_many_packs_is_restored_exactly_by_threads_writing_it_at_once(
             "{extra:?}: second differs"
         );
     }
+}
+
+/// A backup leaves the page cache as it found it for the large files it reads: one none
+/// of which was cached is not cached afterwards (its pages were dropped behind the
+/// reading), and one that was cached (just written) still is, whole.
+#[test]
+fn a_backup_keeps_cached_files_cached_and_leaves_no_pages_of_the_others() {
+    use cairn_core::ops::read_once::cached_pages;
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("cold.bin"), &random_bytes(12 << 20, 1));
+    write_file(&src.join("hot.bin"), &random_bytes(12 << 20, 2));
+    let open = |name: &str| fs::File::open(src.join(name)).unwrap();
+    for name in ["cold.bin", "hot.bin"] {
+        open(name).sync_all().unwrap();
+    }
+    // Drops the clean pages of cold.bin, as a cache dropped or a file not read for long.
+    // SAFETY: posix_fadvise with integer arguments on a descriptor this test owns.
+    unsafe {
+        let cold = open("cold.bin");
+        libc::posix_fadvise(
+            std::os::fd::AsRawFd::as_raw_fd(&cold),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        );
+    }
+    let hot_pages = cached_pages(&open("hot.bin"), 0, 0);
+    if cached_pages(&open("cold.bin"), 0, 0) != Some(0) || hot_pages.is_none_or(|p| p == 0) {
+        eprintln!("skipped: cachestat(2) is not available here, or the pages did not move");
+        return;
+    }
+    env.backup(&[&src], &[]);
+    assert_eq!(cached_pages(&open("cold.bin"), 0, 0), Some(0));
+    assert_eq!(cached_pages(&open("hot.bin"), 0, 0), hot_pages);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
 }

@@ -9,12 +9,12 @@
 //! using, or has just written, stays cached. Where that cannot be known, the pages are
 //! left alone, as before.
 //!
-//! A first backup of the mixed corpus with the page cache dropped, at 19fe71b and with
-//! the pages of its large files dropped (ten runs of each in turns, 3 s after dropping
-//! the cache as `bench/compare.sh` does): 2.205 → 2.10 s wall, 3.20 → 3.05 CPU s; started
-//! at once after dropping the cache, 2.29 → 2.01 s. Small files (bundled) are left
-//! alone: the Linux tree's first backup showed no difference, and each would cost two
-//! more system calls.
+//! Cold first backups of the mixed corpus, started 3 s after dropping the cache as
+//! `bench/compare.sh` does (this VM has given the freed memory back to its host by then,
+//! so every fresh page faults there), eight runs each in turns: median 2.305 → 2.205 s
+//! wall, 3.29 → 3.15 CPU s (docs/BENCHMARKS.md). Small files (bundled) are left alone:
+//! the Linux tree's first backup showed no difference, and each would cost two more
+//! system calls.
 
 use std::fs::File;
 use std::io::{self, Read};

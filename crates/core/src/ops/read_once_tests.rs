@@ -47,7 +47,11 @@ fn a_file_not_cached_is_read_whole_and_leaves_no_pages_behind() {
         read.extend_from_slice(&buf[..n]);
     }
     let dropped = reader.behind.as_ref().unwrap().dropped;
-    assert!(dropped >= 2 * STEP, "dropped up to {dropped} after reading {}", read.len());
+    assert!(
+        dropped >= 2 * STEP,
+        "dropped up to {dropped} after reading {}",
+        read.len()
+    );
     assert_eq!(cached_pages(&reader.file, 0, dropped), Some(0));
     read.extend(read_all(&mut reader));
     assert!(read == data, "the bytes read differ from the file's");
@@ -69,7 +73,10 @@ fn a_cached_file_keeps_its_pages() {
     };
     let mut reader = ReadOnce::new(file);
     assert!(!reader.drops_pages());
-    assert!(read_all(&mut reader) == data, "the bytes read differ from the file's");
+    assert!(
+        read_all(&mut reader) == data,
+        "the bytes read differ from the file's"
+    );
     drop(reader);
     let file = File::open(&path).unwrap();
     assert_eq!(cached_pages(&file, 0, 0), Some(pages));
