@@ -49,17 +49,14 @@ struct Behind {
 }
 
 impl ReadOnce {
+    /// Reads `file`, just opened, from its start. Asks the kernel once whether any of it
+    /// is cached.
     pub fn new(file: File) -> ReadOnce {
         let behind = (cached_pages(&file, 0, 0) == Some(0)).then_some(Behind {
             read: 0,
             dropped: 0,
         });
         ReadOnce { file, behind }
-    }
-
-    /// Whether pages are dropped behind this reader.
-    pub fn drops_pages(&self) -> bool {
-        self.behind.is_some()
     }
 }
 

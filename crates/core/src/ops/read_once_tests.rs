@@ -39,7 +39,7 @@ fn a_file_not_cached_is_read_whole_and_leaves_no_pages_behind() {
         return;
     }
     let mut reader = ReadOnce::new(file);
-    assert!(reader.drops_pages());
+    assert!(reader.behind.is_some());
     let mut read = Vec::new();
     let mut buf = vec![0; 999_983];
     while read.len() < 3 * STEP as usize {
@@ -72,7 +72,7 @@ fn a_cached_file_keeps_its_pages() {
         return;
     };
     let mut reader = ReadOnce::new(file);
-    assert!(!reader.drops_pages());
+    assert!(reader.behind.is_none());
     assert!(
         read_all(&mut reader) == data,
         "the bytes read differ from the file's"
