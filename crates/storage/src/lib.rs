@@ -13,6 +13,7 @@ mod limit;
 mod local;
 mod location;
 mod name;
+pub mod pagecache;
 mod remote;
 pub mod rest;
 mod ssh_orphans;

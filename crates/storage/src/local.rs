@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::name::{is_temporary_name, valid_component, validate_name, TEMP_PREFIX};
-use crate::writeback::{self, Writeback, EARLY_FROM};
+use crate::pagecache;
+use crate::writeback::{Writeback, EARLY_FROM};
 use crate::{Result, Storage, StorageError, UnnamedWrite};
 
 /// A store in a directory of the local file system.
@@ -353,7 +354,8 @@ impl TempWrite {
         file.sync_all()
             .map_err(|err| storage.write_error("sync", name, err))?;
         if writeback.is_some() {
-            writeback::forget_pages(&file);
+            // Durable, and not read back soon.
+            pagecache::drop_pages(&file, 0, 0);
         }
         drop(file);
         match fs::hard_link(&temp.path, path) {

@@ -48,21 +48,6 @@ impl Writeback {
     }
 }
 
-/// Drops the pages of `file`, which was just made durable and will not be read back
-/// soon. Advice only: a failure changes nothing but the page cache.
-pub(crate) fn forget_pages(file: &File) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: posix_fadvise on a descriptor `file` owns, with integer arguments only.
-        unsafe {
-            libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = file;
-}
-
 /// Asks the kernel to start writing `len` bytes of `file` from `offset`, without waiting.
 /// A failure is ignored: the fsync that makes the object durable reports any error.
 fn start_writeback(file: &File, offset: u64, len: u64) {
@@ -106,7 +91,7 @@ mod tests {
         }
         assert_eq!(writeback.written, data.len() as u64);
         file.sync_all().unwrap();
-        forget_pages(&file);
+        crate::pagecache::drop_pages(&file, 0, 0);
         assert_eq!(std::fs::read(&path).unwrap(), data);
     }
 }

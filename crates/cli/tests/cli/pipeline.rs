@@ -299,7 +299,7 @@ fn a_large_file_in_many_packs_is_restored_exactly_by_threads_writing_it_at_once(
 /// reading), and one that was cached (just written) still is, whole.
 #[test]
 fn a_backup_keeps_cached_files_cached_and_leaves_no_pages_of_the_others() {
-    use cairn_core::ops::read_once::cached_pages;
+    use cairn_core::storage::pagecache::cached_pages;
     let env = TestEnv::with_repo();
     let src = env.path("src");
     write_file(&src.join("cold.bin"), &random_bytes(12 << 20, 1));

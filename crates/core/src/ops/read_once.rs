@@ -19,6 +19,8 @@
 use std::fs::File;
 use std::io::{self, Read};
 
+use cairn_storage::pagecache::{cached_pages, drop_pages};
+
 /// Bytes read between two requests to drop pages, and the alignment of those requests.
 const STEP: u64 = 4 << 20;
 
@@ -85,84 +87,6 @@ impl Drop for ReadOnce {
             drop_pages(&self.file, behind.dropped, 0);
         }
     }
-}
-
-/// How many pages of `file` from `offset` for `len` bytes (0: to the end) are in the page
-/// cache; `None` where the system cannot tell.
-pub fn cached_pages(file: &File, offset: u64, len: u64) -> Option<u64> {
-    #[cfg(all(
-        target_os = "linux",
-        any(
-            target_arch = "x86_64",
-            target_arch = "aarch64",
-            target_arch = "riscv64"
-        )
-    ))]
-    {
-        use std::os::fd::AsRawFd;
-
-        #[repr(C)]
-        struct CachestatRange {
-            off: u64,
-            len: u64,
-        }
-        #[repr(C)]
-        #[derive(Default)]
-        struct Cachestat {
-            nr_cache: u64,
-            nr_dirty: u64,
-            nr_writeback: u64,
-            nr_evicted: u64,
-            nr_recently_evicted: u64,
-        }
-        // Not in the libc crate for these targets; 451 on x86_64 and in the generic
-        // table the others use.
-        const SYS_CACHESTAT: libc::c_long = 451;
-        let range = CachestatRange { off: offset, len };
-        let mut stat = Cachestat::default();
-        // SAFETY: cachestat reads `range` and writes `stat`, both live and of the kernel's
-        // layout, on a descriptor `file` owns; flags must be 0.
-        let r = unsafe {
-            libc::syscall(
-                SYS_CACHESTAT,
-                file.as_raw_fd(),
-                &range as *const CachestatRange,
-                &mut stat as *mut Cachestat,
-                0 as libc::c_uint,
-            )
-        };
-        (r == 0).then_some(stat.nr_cache)
-    }
-    #[cfg(not(all(
-        target_os = "linux",
-        any(
-            target_arch = "x86_64",
-            target_arch = "aarch64",
-            target_arch = "riscv64"
-        )
-    )))]
-    {
-        let _ = (file, offset, len);
-        None
-    }
-}
-
-/// Asks the kernel to drop the clean pages of `file` from `offset` for `len` bytes (0: to
-/// the end). Advice only: a failure changes nothing but the page cache.
-fn drop_pages(file: &File, offset: u64, len: u64) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::fd::AsRawFd;
-        let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
-            return;
-        };
-        // SAFETY: posix_fadvise on a descriptor `file` owns, with integer arguments only.
-        unsafe {
-            libc::posix_fadvise(file.as_raw_fd(), offset, len, libc::POSIX_FADV_DONTNEED);
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (file, offset, len);
 }
 
 #[cfg(test)]
