@@ -519,6 +519,18 @@ run_corpus() {
   src_bytes=$(du -sb "$src" | cut -f1)
   src_files=$(find "$src" -type f | wc -l)
   echo "corpus $corpus: $src ($src_bytes bytes in $src_files files)"
+  # Every restored tree is kept until the corpus is done (each tool's and the two plain
+  # ones', $restores times), beside a repository per tool, the stored pieces and the
+  # duplicate's copy: a full disk half-way (a run of 2026-11-29) wastes the run.
+  local need avail
+  need=$(((((${#tools[@]} + 2) * restores) + ${#tools[@]} + 3) * $(du -sk "$src" | cut -f1) * 1024))
+  avail=$(df --output=avail -B1 "$work" | tail -n 1)
+  if ((avail < need)); then
+    echo "compare.sh: the $corpus corpus needs about $((need >> 30)) GiB free in $work" \
+      "(restored trees are kept until it is done), and $((avail >> 30)) GiB are;" \
+      "free some, or set CAIRN_BENCH_RESTORES=1" >&2
+    exit 2
+  fi
   restorable=()
   for t in "${tools[@]}"; do
     run_tool "$t"
