@@ -826,7 +826,8 @@ mod tests {
         let session = Session::start(&repo, SessionKind::Backup, "h").unwrap();
         session.observe(Some(2));
         let due = session.shared.lock().beat_at.expect("a write is due");
-        std::thread::sleep(Duration::from_millis(20));
+        // Long enough for a later time, far shorter than the 1 s delay before the write.
+        std::thread::sleep(Duration::from_millis(2));
         session.observe(Some(3));
         let state = session.shared.lock();
         assert_eq!(state.beat_at, Some(due));
