@@ -2,10 +2,17 @@
 //! index can always be rebuilt from the packs alone.
 //!
 //! ```text
-//! pack   := blob* header header_len:u32le
+//! pack   := blob* filler header header_len:u32le
 //! blob   := seal(codec_tag || compressed bytes)      as Purpose::{Data,Tree}Blob(id)
+//! filler := random bytes that make the pack a multiple of GRID (format 4 on; else none)
 //! header := seal(postcard(PackHeader))                as Purpose::PackHeader
 //! ```
+//!
+//! From format 4 a blob is sealed at its exact size and the pack hides it: the pack's
+//! size is a multiple of [`GRID`], and every read of a pack is widened to the grid
+//! ([`grid_span`]), so neither a pack's size nor the ranges read from it show where a
+//! blob begins or ends closer than 64 KiB. The filler is not authenticated by the AEAD,
+//! nothing reads it, and the pack's id (the hash of all its bytes) covers it.
 //!
 //! A pack is built in memory and written in one go ([`PackWriter`]), or written to a
 //! temporary object as it fills and named when whole ([`StreamedPack`]): either way no
@@ -14,7 +21,9 @@
 use cairn_storage::{StorageError, UnnamedWrite};
 use serde::{Deserialize, Serialize};
 
-use crate::crypto::{MasterKey, Purpose, SEAL_OVERHEAD};
+use rand::RngCore;
+
+use crate::crypto::{MasterKey, Purpose, GRID_FORMAT, SEAL_OVERHEAD};
 use crate::id::{BlobId, PackId};
 
 /// What a blob holds.
@@ -53,6 +62,29 @@ struct PackHeader {
 }
 
 const PACK_VERSION: u32 = 1;
+
+/// From format 4, packs are a multiple of this size and reads of them are widened to it.
+pub const GRID: u64 = 64 << 10;
+
+/// The range to read from a pack to get `len` bytes at `start`: under `key`'s format 4
+/// on, widened to the [`GRID`] at both ends (a pack's size is on the grid, so the range
+/// stays inside it); before, the range itself. The wanted bytes start `start - from` bytes
+/// into the wider one.
+///
+/// ```
+/// # use cairn_core::pack::{grid_span, GRID};
+/// # let key = cairn_core::crypto::MasterKey::generate_for(4);
+/// assert_eq!(grid_span(&key, GRID + 10, 100), (GRID, GRID));
+/// assert_eq!(grid_span(&key, 10, GRID), (0, 2 * GRID));
+/// ```
+pub fn grid_span(key: &MasterKey, start: u64, len: u64) -> (u64, u64) {
+    if key.format() < GRID_FORMAT {
+        return (start, len);
+    }
+    let from = start - start % GRID;
+    let end = (start + len).next_multiple_of(GRID);
+    (from, end - from)
+}
 
 /// Collects sealed blobs for one pack.
 #[derive(Default)]
@@ -114,24 +146,46 @@ impl PackWriter {
 
     /// Appends the sealed header and returns the finished pack, its id and its entries.
     pub fn finish(mut self, key: &MasterKey) -> (PackId, Vec<u8>, Vec<PackEntry>) {
-        self.buf.extend_from_slice(&end_of_pack(key, &self.entries));
+        let end = end_of_pack(key, &self.entries, self.buf.len() as u64);
+        self.buf.extend_from_slice(&end);
         let id = PackId::of_bytes(&self.buf);
         (id, self.buf, self.entries)
     }
 }
 
-/// What follows the blobs of a pack holding `entries`: the sealed header and its length.
-fn end_of_pack(key: &MasterKey, entries: &[PackEntry]) -> Vec<u8> {
+/// What is wrong with a pack of `total` bytes under `key`'s format, if that size cannot
+/// be one of its packs (format 4 on: not on the [`GRID`]).
+pub fn off_grid(key: &MasterKey, total: u64) -> Option<String> {
+    (key.format() >= GRID_FORMAT && !total.is_multiple_of(GRID)).then(|| {
+        format!("{total} bytes long, not a multiple of 64 KiB as every pack of format {} is (truncated?)", key.format())
+    })
+}
+
+/// What follows `body_len` bytes of blobs in a pack holding `entries`: the filler, the
+/// sealed header and its length.
+fn end_of_pack(key: &MasterKey, entries: &[PackEntry], body_len: u64) -> Vec<u8> {
     let header = PackHeader {
         version: PACK_VERSION,
         entries: entries.to_vec(),
     };
     let plain = postcard::to_stdvec(&header).expect("a pack header serializes");
     // Format 2 pads the header, so its length does not give away the blob count.
-    let mut end = key.seal(Purpose::PackHeader, &plain);
-    let len = end.len() as u32;
-    end.extend_from_slice(&len.to_le_bytes());
+    let header = key.seal(Purpose::PackHeader, &plain);
+    let filler = filler_len(key, body_len + header.len() as u64 + 4);
+    let mut end = vec![0; filler as usize];
+    rand::rngs::OsRng.fill_bytes(&mut end);
+    end.extend_from_slice(&header);
+    end.extend_from_slice(&(header.len() as u32).to_le_bytes());
     end
+}
+
+/// The filler a pack of `len` bytes without it needs: up to the next multiple of [`GRID`]
+/// from format 4; none before.
+fn filler_len(key: &MasterKey, len: u64) -> u64 {
+    if key.format() < GRID_FORMAT {
+        return 0;
+    }
+    len.next_multiple_of(GRID) - len
 }
 
 /// A pack written to storage as it fills ([`Storage::begin_unnamed_write`]), where a
@@ -183,7 +237,7 @@ impl StreamedPack {
 
     /// Appends the sealed header.
     pub fn finish(mut self, key: &MasterKey) -> Result<FinishedPack, StorageError> {
-        let end = end_of_pack(key, &self.entries);
+        let end = end_of_pack(key, &self.entries, self.len);
         self.out.write_all(&end)?;
         self.hasher.update(&end);
         Ok(FinishedPack {
@@ -206,8 +260,8 @@ pub struct FinishedPack {
 }
 
 /// Size of the whole pack file that holds exactly `entries` (in any order): the blobs,
-/// the sealed header listing them, and its 4-byte length. Lets `stats` sum pack sizes
-/// from the index, without asking storage for each file's size.
+/// the filler, the sealed header listing them, and its 4-byte length. Lets `stats` sum
+/// pack sizes from the index, without asking storage for each file's size.
 pub fn file_size(key: &MasterKey, entries: &[PackEntry]) -> u64 {
     let body = entries
         .iter()
@@ -219,7 +273,8 @@ pub fn file_size(key: &MasterKey, entries: &[PackEntry]) -> u64 {
         entries: entries.to_vec(),
     };
     let plain = postcard::to_stdvec(&header).expect("a pack header serializes");
-    body + key.sealed_len(plain.len()) as u64 + 4
+    let len = body + key.sealed_len(plain.len()) as u64 + 4;
+    len + filler_len(key, len)
 }
 
 /// Length of the sealed header, from the last 4 bytes of a pack.
@@ -359,6 +414,52 @@ mod tests {
         let (_, bytes, mut entries) = pack_of(&key, &[b"one", b"two two", &[7; 5000]]);
         entries.reverse();
         assert_eq!(file_size(&key, &entries), bytes.len() as u64);
+    }
+
+    /// Format 4's packs end on the grid, with random filler before the header; earlier
+    /// formats' packs end right after it. Either way the header and every blob read back.
+    #[test]
+    fn packs_of_format_4_fill_the_grid_and_earlier_ones_end_at_their_header() {
+        for format in [3, 4] {
+            let key = MasterKey::generate_for(format);
+            for blobs in [
+                &[&b"one"[..]][..],
+                &[&[7; 70_000], b"two"],
+                &[&[8; 200_000]],
+            ] {
+                let (_, bytes, entries) = pack_of(&key, blobs);
+                assert_eq!(read_header(&key, &bytes).unwrap(), entries);
+                assert_eq!(file_size(&key, &entries), bytes.len() as u64);
+                for (e, plain) in entries.iter().zip(blobs) {
+                    let sealed = &bytes[e.offset as usize..(e.offset + e.length) as usize];
+                    assert_eq!(key.open(e.kind.purpose(e.id), sealed).unwrap(), *plain);
+                    assert_eq!(e.length as usize, key.sealed_blob_len(plain.len()));
+                }
+                let body = entries.iter().map(|e| e.offset + e.length).max().unwrap() as usize;
+                let trailer: [u8; 4] = bytes[bytes.len() - 4..].try_into().unwrap();
+                let (header, _) = header_range(bytes.len() as u64, trailer).unwrap();
+                let filler = &bytes[body..header as usize];
+                if format < GRID_FORMAT {
+                    assert!(filler.is_empty());
+                    assert_eq!(off_grid(&key, bytes.len() as u64), None);
+                } else {
+                    assert_eq!(bytes.len() as u64 % GRID, 0, "{} bytes", bytes.len());
+                    assert!(filler.len() as u64 > GRID / 2 || blobs.len() > 1);
+                    assert!(filler.iter().filter(|&&b| b == 0).count() < filler.len() / 64);
+                    assert!(off_grid(&key, bytes.len() as u64 - 1).is_some());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reads_are_widened_to_the_grid_from_format_4_only() {
+        let old = MasterKey::generate_for(3);
+        assert_eq!(grid_span(&old, 10, 100), (10, 100));
+        let key = MasterKey::generate_for(4);
+        assert_eq!(grid_span(&key, 0, GRID), (0, GRID));
+        assert_eq!(grid_span(&key, GRID - 1, 2), (0, 2 * GRID));
+        assert_eq!(grid_span(&key, 3 * GRID, 1), (3 * GRID, GRID));
     }
 
     #[test]

@@ -599,7 +599,7 @@ impl Repository {
     fn read_sealed_at(&self, id: &BlobId, loc: &BlobLocation) -> Result<(Vec<u8>, Vec<u8>)> {
         let sealed = match self.read_through_window(loc) {
             Some(sealed) => sealed,
-            None => self.storage.read_range(
+            None => self.read_pack_range(
                 &loc.pack.storage_name(),
                 loc.offset as u64,
                 loc.length as u64,
@@ -675,8 +675,11 @@ impl Repository {
             .get(&loc.pack)?;
         let span = crate::window::span(loc.offset, loc.length, pack_end)?;
         let window = windows.get((loc.pack, span.start), || {
+            // Windows start on the grid; the last one of a pack ends on it too.
+            let (from, len) = pack::grid_span(&self.key, span.start, span.len);
+            debug_assert_eq!(from, span.start);
             self.storage
-                .read_range(&loc.pack.storage_name(), span.start, span.len)
+                .read_range(&loc.pack.storage_name(), from, len)
                 .ok()
         })?;
         window.get(span.within).map(<[u8]>::to_vec)
@@ -740,8 +743,7 @@ impl Repository {
             return None;
         }
         let span = self
-            .storage
-            .read_range(&loc.pack.storage_name(), start, end - start)
+            .read_pack_range(&loc.pack.storage_name(), start, end - start)
             .ok()?;
         let mut found = None;
         for (tid, l) in trees {
@@ -809,6 +811,35 @@ impl Repository {
         Ok(self.read_pack_header_and_sealer(pack)?.0)
     }
 
+    /// `len` bytes at `start` of the pack stored as `name`, read as [`pack::grid_span`]
+    /// widens every read of a pack.
+    pub(crate) fn read_pack_range(
+        &self,
+        name: &str,
+        start: u64,
+        len: u64,
+    ) -> cairn_storage::Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        let at = self.read_pack_range_into(name, start, len, &mut bytes)?;
+        bytes.truncate(at + len as usize);
+        bytes.drain(..at);
+        Ok(bytes)
+    }
+
+    /// [`read_pack_range`](Self::read_pack_range) into `buf`, without moving the bytes:
+    /// they start at the offset returned.
+    pub(crate) fn read_pack_range_into(
+        &self,
+        name: &str,
+        start: u64,
+        len: u64,
+        buf: &mut Vec<u8>,
+    ) -> cairn_storage::Result<usize> {
+        let (from, wide) = pack::grid_span(&self.key, start, len);
+        self.storage.read_range_into(name, from, wide, buf)?;
+        Ok((start - from) as usize)
+    }
+
     /// [`read_pack_header`](Self::read_pack_header), and whether a writer sealed the pack.
     pub fn read_pack_header_and_sealer(&self, pack: &PackId) -> Result<(Vec<PackEntry>, bool)> {
         let name = pack.storage_name();
@@ -819,11 +850,14 @@ impl Repository {
                 format!("only {total} bytes long, too short for a pack"),
             ));
         }
-        let trailer = self.storage.read_range(&name, total - 4, 4)?;
+        if let Some(problem) = pack::off_grid(&self.key, total) {
+            return Err(self.corrupt(&name, problem));
+        }
+        let trailer = self.read_pack_range(&name, total - 4, 4)?;
         let trailer: [u8; 4] = trailer[..].try_into().expect("read_range returns 4 bytes");
         let (start, len) =
             pack::header_range(total, trailer).map_err(|r| self.corrupt(&name, r))?;
-        let sealed = self.storage.read_range(&name, start, len)?;
+        let sealed = self.read_pack_range(&name, start, len)?;
         let entries =
             pack::open_header(&self.key, &sealed, start).map_err(|r| self.corrupt(&name, r))?;
         Ok((entries, self.key.sealed_by_writer(&sealed)))

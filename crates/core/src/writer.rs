@@ -312,7 +312,9 @@ impl<'r> BlobWriter<'r> {
         // Buffers up to twice the average chunk are kept: most chunks fit, and the few
         // large ones do not leave every kept buffer at the largest chunk's size (peak RSS
         // of a Linux-tree backup 143 MiB when they did, against 96 MiB without buffers).
-        let kept = repo.key().sealed_len(2 * chunker.avg_size as usize + 1);
+        let kept = repo
+            .key()
+            .sealed_blob_len(2 * chunker.avg_size as usize + 1);
         // The largest chunk can always enter, with two average ones per sealer beside it
         // to keep the sealers busy: 12 MiB on two cores with the default chunker.
         let budget =
@@ -560,7 +562,7 @@ fn seal_loop(
         times.compress.add(started);
         let raw_length = data.len() as u32;
         let started = Instant::now();
-        let mut sealed = buffers.take(key.sealed_len(compressed.tagged_len()));
+        let mut sealed = buffers.take(key.sealed_blob_len(compressed.tagged_len()));
         key.seal_parts_into(kind.purpose(id), &compressed.parts(), &mut sealed);
         times.encrypt.add(started);
         buffers.give(data);

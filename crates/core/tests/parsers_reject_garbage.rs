@@ -25,7 +25,7 @@ use cairn_core::id::{BlobId, PackId, SnapshotId};
 use cairn_core::index::{IndexFile, IndexedPack};
 use cairn_core::keyfile::{KdfParams, KeyFile};
 use cairn_core::object;
-use cairn_core::pack::{read_header, BlobKind, PackEntry, PackWriter};
+use cairn_core::pack::{header_range, read_header, BlobKind, PackEntry, PackWriter};
 use cairn_core::snapshot::{Snapshot, SnapshotSummary};
 use cairn_core::tree::{ContentRef, Node, NodeKind, Time, Tree, Xattr};
 use proptest::collection::vec;
@@ -245,23 +245,43 @@ fn valid_index_file() -> IndexFile {
 
 /// Every strict prefix of `valid`.
 fn truncations(valid: &[u8]) -> impl Iterator<Item = Vec<u8>> + '_ {
-    (0..valid.len()).map(|n| valid[..n].to_vec())
+    truncations_where(valid, |_| true)
+}
+
+/// [`truncations`] to the lengths `keep` accepts.
+fn truncations_where(
+    valid: &[u8],
+    keep: impl Fn(usize) -> bool + 'static,
+) -> impl Iterator<Item = Vec<u8>> + '_ {
+    (0..valid.len())
+        .filter(move |&n| keep(n))
+        .map(|n| valid[..n].to_vec())
 }
 
 /// `valid` with one byte changed, for every position and a few replacements, with the
 /// position of the change.
 fn byte_changes(valid: &[u8]) -> impl Iterator<Item = (usize, Vec<u8>)> + '_ {
-    (0..valid.len()).flat_map(move |i| {
-        let old = valid[i];
-        [old ^ 0x01, old ^ 0x80, 0x00, 0xff, b'9', b'"']
-            .into_iter()
-            .filter(move |&new| new != old)
-            .map(move |new| {
-                let mut changed = valid.to_vec();
-                changed[i] = new;
-                (i, changed)
-            })
-    })
+    byte_changes_where(valid, |_| true)
+}
+
+/// [`byte_changes`] at the positions `keep` accepts.
+fn byte_changes_where(
+    valid: &[u8],
+    keep: impl Fn(usize) -> bool + 'static,
+) -> impl Iterator<Item = (usize, Vec<u8>)> + '_ {
+    (0..valid.len())
+        .filter(move |&i| keep(i))
+        .flat_map(move |i| {
+            let old = valid[i];
+            [old ^ 0x01, old ^ 0x80, 0x00, 0xff, b'9', b'"']
+                .into_iter()
+                .filter(move |&new| new != old)
+                .map(move |new| {
+                    let mut changed = valid.to_vec();
+                    changed[i] = new;
+                    (i, changed)
+                })
+        })
 }
 
 /// Postcard's encoding of a length or integer field, as the serializer would write it.
@@ -437,13 +457,23 @@ fn damaged_packs_are_refused_unless_only_a_blob_changed() {
     let key = key();
     let (valid, entries, body_len) = valid_pack();
     assert_eq!(read_header(key, &valid).unwrap(), entries);
-    for cut in truncations(&valid) {
+    let trailer: [u8; 4] = valid[valid.len() - 4..].try_into().unwrap();
+    let (header_at, _) = header_range(valid.len() as u64, trailer).unwrap();
+    let header_at = header_at as usize;
+    assert!(
+        header_at > body_len,
+        "format 4 fills the pack up to the grid"
+    );
+    // Every position but the middle of the filler (64 KiB of it), which is like its ends.
+    let tested = move |at: usize| at < body_len + 64 || at + 64 >= header_at;
+    for cut in truncations_where(&valid, tested) {
         assert!(read_header(key, &cut).is_err(), "cut at {}", cut.len());
     }
-    for (at, changed) in byte_changes(&valid) {
+    for (at, changed) in byte_changes_where(&valid, tested) {
         let read = read_header(key, &changed);
-        if at < body_len {
-            // The header does not cover the blobs; each blob has its own seal.
+        if at < header_at {
+            // The header covers neither the blobs, each of which has its own seal, nor
+            // the filler, which nothing reads (the pack's name covers both).
             assert_eq!(read.unwrap(), entries, "change at {at}");
         } else {
             assert!(read.is_err(), "change at {at} went unnoticed");

@@ -622,8 +622,9 @@ fn renaming_a_big_file_adds_only_metadata() {
     env.backup(&[&src], &[]);
     fs::rename(src.join("before.bin"), src.join("after.bin")).unwrap();
     let s = env.backup(&[&src], &[]);
+    // Only the new tree is added: one pack, which format 4 pads to 64 KiB.
     assert!(
-        json_u64(&s, "bytes_added") < 10 * 1024,
+        json_u64(&s, "bytes_added") <= 64 * 1024,
         "the data deduplicates: {s}"
     );
 }

@@ -101,6 +101,9 @@ fn trust_full_disk_a_backup_that_fills_the_disk_fails_clearly_and_loses_nothing(
     fs::create_dir_all(small_state.parent().unwrap()).unwrap();
     copy_tree(&small, &small_state);
     let first = env.backup_id(&[&small], &[]);
+    // Something else on the disk that the user deletes once the backup has failed.
+    let ballast = disk.dir.join("ballast");
+    write_file(&ballast, &random_bytes(256 << 10, 2));
     let free_before = disk.available();
 
     // A backup of 16 MB of random data into the ~10 MB left.
@@ -155,8 +158,11 @@ fn trust_full_disk_a_backup_that_fills_the_disk_fails_clearly_and_loses_nothing(
     );
     assert_snapshot_restores(&env, &first, &small, &small_state, Compare::ALL);
 
-    // The big source is gone; a small change still backs up on the nearly full disk.
+    // The big source is gone, and so is the file the user deleted to make room: a small
+    // change backs up in the little space there is (two packs, of 64 KiB each from
+    // format 4), without a repair or a prune first.
     fs::remove_dir_all(&big).unwrap();
+    fs::remove_file(&ballast).unwrap();
     write_file(
         &small.join("notes/new.txt"),
         b"written after the disk filled up\n",

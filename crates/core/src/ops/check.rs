@@ -493,6 +493,7 @@ fn check_pack(repo: &Repository, pack: &PackId, blobs: &[PackEntry], read: bool)
     if PackId::of_bytes(&bytes) != *pack {
         notes.push("its content does not match its name".to_string());
     }
+    notes.extend(pack::off_grid(repo.key(), r.bytes));
     match pack::read_header(repo.key(), &bytes) {
         Ok(entries) => notes.extend(compare_header(&entries, blobs)),
         Err(e) => notes.push(format!("header unreadable: {e}")),

@@ -659,7 +659,7 @@ fn still_needed(
 
 /// Whether blob `id` at `loc` opens, decompresses and hashes to its id.
 fn is_whole(repo: &Repository, id: &BlobId, loc: &crate::index::BlobLocation) -> Result<bool> {
-    let sealed = match repo.storage().read_range(
+    let sealed = match repo.read_pack_range(
         &loc.pack.storage_name(),
         u64::from(loc.offset),
         u64::from(loc.length),

@@ -642,15 +642,14 @@ impl<'a> Batch<'a> {
         let (Some(first), Some((start, len))) = (blobs.first(), span(blobs)) else {
             return;
         };
-        let read = self.repo.storage().read_range_into(
-            &pack.storage_name(),
-            start,
-            len,
-            &mut buffers.read,
-        );
-        match read {
-            Ok(()) => {
-                self.bytes_read.fetch_add(len, Ordering::Relaxed);
+        let read =
+            self.repo
+                .read_pack_range_into(&pack.storage_name(), start, len, &mut buffers.read);
+        let lead = match read {
+            Ok(lead) => {
+                let read = buffers.read.len() as u64;
+                self.bytes_read.fetch_add(read, Ordering::Relaxed);
+                lead
             }
             // A pack cut short or damaged in one place still holds other blobs whole:
             // read them one at a time, and each fails or not on its own.
@@ -665,9 +664,9 @@ impl<'a> Batch<'a> {
                 self.write_from_elsewhere(first, &not_restored(&e));
                 return;
             }
-        }
+        };
         for blob in blobs {
-            let at = (u64::from(blob.loc.offset) - start) as usize;
+            let at = lead + (u64::from(blob.loc.offset) - start) as usize;
             let sealed = &mut buffers.read[at..at + blob.loc.length as usize];
             let plain = self
                 .repo

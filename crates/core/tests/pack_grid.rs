@@ -1,0 +1,160 @@
+//! Format 4 seals blobs at their exact size and hides them in the pack instead: every
+//! pack is a multiple of 64 KiB, and every read of a pack (a restore's, one blob's, a
+//! pack header's) starts and ends on that grid, so what a storage sees gives no blob's
+//! boundaries closer than that.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use cairn_core::monitor::NullMonitor;
+use cairn_core::ops::restore::{restore, RestoreOptions};
+use cairn_core::pack::{BlobKind, GRID};
+use cairn_core::storage::{LocalStorage, Storage};
+use cairn_core::tree::Tree;
+use cairn_core::Repository;
+use common::{node, one_blob_file, repo, snapshot};
+
+/// Incompressible bytes unlike any other file's.
+fn data(i: usize, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    blake3::Hasher::new()
+        .update(&i.to_le_bytes())
+        .finalize_xof()
+        .fill(&mut out);
+    out
+}
+
+/// A local repository that notes every ranged read: (object, offset, length).
+#[derive(Debug)]
+struct Recording {
+    inner: LocalStorage,
+    reads: Mutex<Vec<(String, u64, u64)>>,
+}
+
+impl Recording {
+    fn note(&self, name: &str, offset: u64, len: u64) {
+        self.reads
+            .lock()
+            .unwrap()
+            .push((name.to_string(), offset, len));
+    }
+}
+
+impl Storage for Recording {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+    fn read(&self, name: &str) -> cairn_core::storage::Result<Vec<u8>> {
+        self.inner.read(name)
+    }
+    fn read_range(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+    ) -> cairn_core::storage::Result<Vec<u8>> {
+        self.note(name, offset, len);
+        self.inner.read_range(name, offset, len)
+    }
+    fn read_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+        buf: &mut Vec<u8>,
+    ) -> cairn_core::storage::Result<()> {
+        self.note(name, offset, len);
+        self.inner.read_range_into(name, offset, len, buf)
+    }
+    fn write(&self, name: &str, data: &[u8]) -> cairn_core::storage::Result<()> {
+        self.inner.write(name, data)
+    }
+    fn list(&self, dir: &str) -> cairn_core::storage::Result<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn list_modified(&self, dir: &str) -> cairn_core::storage::Result<Vec<(String, SystemTime)>> {
+        self.inner.list_modified(dir)
+    }
+    fn temporaries(&self) -> cairn_core::storage::Result<Vec<(String, SystemTime)>> {
+        self.inner.temporaries()
+    }
+    fn delete_temporary(&self, name: &str) -> cairn_core::storage::Result<()> {
+        self.inner.delete_temporary(name)
+    }
+    fn size(&self, name: &str) -> cairn_core::storage::Result<u64> {
+        self.inner.size(name)
+    }
+    fn exists(&self, name: &str) -> cairn_core::storage::Result<bool> {
+        self.inner.exists(name)
+    }
+    fn delete(&self, name: &str) -> cairn_core::storage::Result<()> {
+        self.inner.delete(name)
+    }
+}
+
+#[test]
+fn packs_are_on_the_grid_and_so_is_every_read_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    let mut repo = repo(&repo_dir, Some(1 << 20));
+    let sizes = [1, 3000, 70_000, 300_000, 900_000];
+    let files: Vec<Vec<u8>> = (0..40).map(|i| data(i, sizes[i % sizes.len()])).collect();
+    let writer = repo.blob_writer();
+    let mut nodes = Vec::new();
+    let mut blobs = Vec::new();
+    for (i, bytes) in files.iter().enumerate() {
+        let (blob, _) = writer.add(BlobKind::Data, bytes).unwrap();
+        blobs.push(blob);
+        nodes.push(node(
+            format!("f{i:02}").as_bytes(),
+            one_blob_file(blob, bytes.len()),
+        ));
+    }
+    let (tree, _) = writer
+        .add(BlobKind::Tree, &Tree { nodes }.to_bytes())
+        .unwrap();
+    let mut report = writer.finish().unwrap();
+    repo.index_written(&mut report).unwrap();
+    let packs = repo.list_packs().unwrap();
+    assert!(packs.len() > 5, "{} packs", packs.len());
+    for pack in &packs {
+        let size = repo.storage().size(&pack.storage_name()).unwrap();
+        assert_eq!(size % GRID, 0, "{pack} is {size} bytes");
+    }
+
+    let storage = Arc::new(Recording {
+        inner: LocalStorage::new(&repo_dir),
+        reads: Mutex::new(Vec::new()),
+    });
+    let repo = Repository::open(storage.clone(), b"pw".as_slice()).unwrap();
+    let target = dir.path().join("target");
+    let opts = RestoreOptions {
+        target: target.clone(),
+        verify: true,
+        ..RestoreOptions::default()
+    };
+    let stats = restore(&repo, &snapshot(tree), &opts, &NullMonitor).unwrap();
+    assert!(stats.errors.is_empty(), "{:?}", stats.errors);
+    for (i, bytes) in files.iter().enumerate() {
+        assert_eq!(
+            &std::fs::read(target.join(format!("f{i:02}"))).unwrap(),
+            bytes
+        );
+        assert_eq!(&repo.read_blob(&blobs[i]).unwrap(), bytes);
+    }
+    for pack in &packs {
+        assert!(!repo.read_pack_header(pack).unwrap().is_empty());
+    }
+
+    let reads = storage.reads.lock().unwrap();
+    let of_packs: Vec<_> = reads.iter().filter(|r| r.0.starts_with("data/")).collect();
+    assert!(of_packs.len() > files.len(), "{} reads", of_packs.len());
+    for (name, offset, len) in of_packs {
+        assert!(
+            offset % GRID == 0 && len % GRID == 0 && *len > 0,
+            "{name}: {len} bytes at {offset}"
+        );
+    }
+}
