@@ -55,8 +55,10 @@ fn second_backup_of_an_unchanged_tree_finds_every_file_unchanged_and_adds_only_m
     assert_eq!(json_u64(&s, "files_unchanged"), 3, "{s}");
     assert_eq!(json_u64(&s, "files_new"), 0, "{s}");
     assert_eq!(json_u64(&s, "files_changed"), 0, "{s}");
+    // At most a new tree, when a directory's metadata changed: one pack, which format 4
+    // pads to 64 KiB.
     assert!(
-        json_u64(&s, "bytes_added") < 10 * 1024,
+        json_u64(&s, "bytes_added") <= 64 * 1024,
         "only metadata is added: {s}"
     );
     assert_eq!(env.snapshots().len(), 2, "both backups made a snapshot");
@@ -177,8 +179,9 @@ fn force_rereads_every_file_and_still_adds_no_data() {
         json_u64(&s, "bytes_read") >= total,
         "--force reads all {total} bytes: {s}"
     );
+    // At most a new tree: one pack, which format 4 pads to 64 KiB.
     assert!(
-        json_u64(&s, "bytes_added") < 10 * 1024,
+        json_u64(&s, "bytes_added") <= 64 * 1024,
         "re-read data deduplicates: {s}"
     );
     let target = env.path("restored");
