@@ -249,10 +249,11 @@ fn a_restore_reads_each_pack_it_needs_once() {
     let out = env.restore("latest", &target, &["--json"]);
     assert_trees_equal(&src, &restored_path(&target, &src), Compare::ALL);
     let report = parse_json(&out.stdout, "cairn restore --json");
-    // Each pack once and each blob once, though every blob is restored twice.
+    // Each pack once and each blob once, though every blob is restored twice (reads
+    // widened to the 64 KiB grid of format 4 may take in the rest of a pack too).
     assert!(json_u64(&report, "packs_read") < packs, "{report} {stats}");
     assert!(
-        json_u64(&report, "bytes_read") < pack_bytes,
+        json_u64(&report, "bytes_read") <= pack_bytes,
         "{report} {stats}"
     );
     assert_eq!(
