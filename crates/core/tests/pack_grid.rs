@@ -6,15 +6,14 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use cairn_core::monitor::NullMonitor;
 use cairn_core::ops::restore::{restore, RestoreOptions};
 use cairn_core::pack::{BlobKind, GRID};
-use cairn_core::storage::{LocalStorage, Storage};
+use cairn_core::storage::LocalStorage;
 use cairn_core::tree::Tree;
 use cairn_core::Repository;
-use common::{node, one_blob_file, repo, snapshot};
+use common::{node, one_blob_file, repo, snapshot, OnRead, Watched};
 
 /// Incompressible bytes unlike any other file's.
 fn data(i: usize, len: usize) -> Vec<u8> {
@@ -26,71 +25,15 @@ fn data(i: usize, len: usize) -> Vec<u8> {
     out
 }
 
-/// A local repository that notes every ranged read: (object, offset, length).
-#[derive(Debug)]
-struct Recording {
-    inner: LocalStorage,
-    reads: Mutex<Vec<(String, u64, u64)>>,
-}
+/// Every ranged read: (object, offset, length).
+#[derive(Debug, Default)]
+struct Recording(Mutex<Vec<(String, u64, u64)>>);
 
-impl Recording {
-    fn note(&self, name: &str, offset: u64, len: u64) {
-        self.reads
-            .lock()
-            .unwrap()
-            .push((name.to_string(), offset, len));
-    }
-}
-
-impl Storage for Recording {
-    fn location(&self) -> String {
-        self.inner.location()
-    }
-    fn read(&self, name: &str) -> cairn_core::storage::Result<Vec<u8>> {
-        self.inner.read(name)
-    }
-    fn read_range(
-        &self,
-        name: &str,
-        offset: u64,
-        len: u64,
-    ) -> cairn_core::storage::Result<Vec<u8>> {
-        self.note(name, offset, len);
-        self.inner.read_range(name, offset, len)
-    }
-    fn read_range_into(
-        &self,
-        name: &str,
-        offset: u64,
-        len: u64,
-        buf: &mut Vec<u8>,
-    ) -> cairn_core::storage::Result<()> {
-        self.note(name, offset, len);
-        self.inner.read_range_into(name, offset, len, buf)
-    }
-    fn write(&self, name: &str, data: &[u8]) -> cairn_core::storage::Result<()> {
-        self.inner.write(name, data)
-    }
-    fn list(&self, dir: &str) -> cairn_core::storage::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
-    fn list_modified(&self, dir: &str) -> cairn_core::storage::Result<Vec<(String, SystemTime)>> {
-        self.inner.list_modified(dir)
-    }
-    fn temporaries(&self) -> cairn_core::storage::Result<Vec<(String, SystemTime)>> {
-        self.inner.temporaries()
-    }
-    fn delete_temporary(&self, name: &str) -> cairn_core::storage::Result<()> {
-        self.inner.delete_temporary(name)
-    }
-    fn size(&self, name: &str) -> cairn_core::storage::Result<u64> {
-        self.inner.size(name)
-    }
-    fn exists(&self, name: &str) -> cairn_core::storage::Result<bool> {
-        self.inner.exists(name)
-    }
-    fn delete(&self, name: &str) -> cairn_core::storage::Result<()> {
-        self.inner.delete(name)
+impl OnRead for Recording {
+    fn read(&self, name: &str, range: Option<(u64, u64)>) {
+        if let Some((offset, len)) = range {
+            (self.0.lock().unwrap()).push((name.to_string(), offset, len));
+        }
     }
 }
 
@@ -124,9 +67,9 @@ fn packs_are_on_the_grid_and_so_is_every_read_of_them() {
         assert_eq!(size % GRID, 0, "{pack} is {size} bytes");
     }
 
-    let storage = Arc::new(Recording {
+    let storage = Arc::new(Watched {
         inner: LocalStorage::new(&repo_dir),
-        reads: Mutex::new(Vec::new()),
+        hook: Recording::default(),
     });
     let repo = Repository::open(storage.clone(), b"pw".as_slice()).unwrap();
     let target = dir.path().join("target");
@@ -148,7 +91,7 @@ fn packs_are_on_the_grid_and_so_is_every_read_of_them() {
         assert!(!repo.read_pack_header(pack).unwrap().is_empty());
     }
 
-    let reads = storage.reads.lock().unwrap();
+    let reads = storage.hook.0.lock().unwrap();
     let of_packs: Vec<_> = reads.iter().filter(|r| r.0.starts_with("data/")).collect();
     assert!(of_packs.len() > files.len(), "{} reads", of_packs.len());
     for (name, offset, len) in of_packs {

@@ -6,16 +6,16 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use cairn_core::id::BlobId;
 use cairn_core::monitor::NullMonitor;
 use cairn_core::ops::restore::{restore, RestoreOptions};
 use cairn_core::pack::BlobKind;
-use cairn_core::storage::{LocalStorage, Storage};
+use cairn_core::storage::LocalStorage;
 use cairn_core::tree::{ContentRef, Node, NodeKind, Tree};
 use cairn_core::Repository;
-use common::{node, one_blob_file, repo, snapshot};
+use common::{node, one_blob_file, repo, snapshot, OnRead, Watched};
 
 /// Incompressible bytes unlike any other file's, from `tag` and `i`.
 fn data(tag: &str, i: usize, len: usize) -> Vec<u8> {
@@ -92,11 +92,10 @@ fn files_whose_parts_arrive_out_of_order_and_all_at_once_are_restored_exactly() 
     assert_eq!(std::fs::read_dir(&target).unwrap().count(), FILES);
 }
 
-/// A local repository whose reads of one object wait until a file appears, for at most
-/// `PATIENCE` (noting whether any waited that long), and then, with `then_panic`, panic.
+/// Reads of one object wait until a file appears, for at most `PATIENCE` (noting whether
+/// any waited that long), and then, with `then_panic`, panic.
 #[derive(Debug)]
 struct HeldBack {
-    inner: LocalStorage,
     object: String,
     until: PathBuf,
     then_panic: bool,
@@ -105,8 +104,8 @@ struct HeldBack {
 
 const PATIENCE: Duration = Duration::from_secs(20);
 
-impl HeldBack {
-    fn hold(&self, name: &str) {
+impl OnRead for HeldBack {
+    fn read(&self, name: &str, _: Option<(u64, u64)>) {
         if name != self.object {
             return;
         }
@@ -122,65 +121,12 @@ impl HeldBack {
     }
 }
 
-impl Storage for HeldBack {
-    fn location(&self) -> String {
-        self.inner.location()
-    }
-    fn read(&self, name: &str) -> cairn_core::storage::Result<Vec<u8>> {
-        self.hold(name);
-        self.inner.read(name)
-    }
-    fn read_range(
-        &self,
-        name: &str,
-        offset: u64,
-        len: u64,
-    ) -> cairn_core::storage::Result<Vec<u8>> {
-        self.hold(name);
-        self.inner.read_range(name, offset, len)
-    }
-    fn read_range_into(
-        &self,
-        name: &str,
-        offset: u64,
-        len: u64,
-        buf: &mut Vec<u8>,
-    ) -> cairn_core::storage::Result<()> {
-        self.hold(name);
-        self.inner.read_range_into(name, offset, len, buf)
-    }
-    fn write(&self, name: &str, data: &[u8]) -> cairn_core::storage::Result<()> {
-        self.inner.write(name, data)
-    }
-    fn list(&self, dir: &str) -> cairn_core::storage::Result<Vec<String>> {
-        self.inner.list(dir)
-    }
-    fn list_modified(&self, dir: &str) -> cairn_core::storage::Result<Vec<(String, SystemTime)>> {
-        self.inner.list_modified(dir)
-    }
-    fn temporaries(&self) -> cairn_core::storage::Result<Vec<(String, SystemTime)>> {
-        self.inner.temporaries()
-    }
-    fn delete_temporary(&self, name: &str) -> cairn_core::storage::Result<()> {
-        self.inner.delete_temporary(name)
-    }
-    fn size(&self, name: &str) -> cairn_core::storage::Result<u64> {
-        self.inner.size(name)
-    }
-    fn exists(&self, name: &str) -> cairn_core::storage::Result<bool> {
-        self.inner.exists(name)
-    }
-    fn delete(&self, name: &str) -> cairn_core::storage::Result<()> {
-        self.inner.delete(name)
-    }
-}
-
 /// One-part files `f0000`... in a repository of 1 MiB packs (the smallest allowed, some
 /// 350 files each), more than the first batch holds (1,024 parts): the last file is in
 /// the second batch, and the first file's pack is read in the first only. Returns the
 /// repository, its reads of the first file's pack held back until the last file is
 /// restored into `dir/target`, the tree to restore and that target.
-fn first_pack_held_back(dir: &Path, then_panic: bool) -> (Arc<HeldBack>, BlobId, PathBuf) {
+fn first_pack_held_back(dir: &Path, then_panic: bool) -> (Arc<Watched<HeldBack>>, BlobId, PathBuf) {
     let repo_dir = dir.join("repo");
     let mut repo = repo(&repo_dir, Some(1 << 20));
     let writer = repo.blob_writer();
@@ -208,12 +154,14 @@ fn first_pack_held_back(dir: &Path, then_panic: bool) -> (Arc<HeldBack>, BlobId,
         "the last file needs the first pack"
     );
     let target = dir.join("target");
-    let storage = Arc::new(HeldBack {
+    let storage = Arc::new(Watched {
         inner: LocalStorage::new(&repo_dir),
-        object: first.storage_name(),
-        until: target.join(format!("f{:04}", FILES - 1)),
-        then_panic,
-        waited_in_vain: AtomicBool::new(false),
+        hook: HeldBack {
+            object: first.storage_name(),
+            until: target.join(format!("f{:04}", FILES - 1)),
+            then_panic,
+            waited_in_vain: AtomicBool::new(false),
+        },
     });
     (storage, tree, target)
 }
@@ -223,7 +171,7 @@ const FILES: usize = 1100;
 /// Restores `tree` into `target` from the repository `storage` holds, failing the test if
 /// that takes a minute.
 fn restore_within_a_minute(
-    storage: Arc<HeldBack>,
+    storage: Arc<Watched<HeldBack>>,
     tree: BlobId,
     target: &Path,
 ) -> cairn_core::ops::restore::RestoreStats {
@@ -251,7 +199,7 @@ fn a_slow_read_holds_back_no_other_batch() {
     assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     assert_eq!(stats.files_restored, FILES as u64);
     assert!(
-        !storage.waited_in_vain.load(Ordering::Relaxed),
+        !storage.hook.waited_in_vain.load(Ordering::Relaxed),
         "the last file was not written while a read of the first batch waited"
     );
     for i in [0, FILES - 1] {
@@ -273,7 +221,7 @@ fn a_writer_thread_that_panics_ends_the_restore_with_its_files_listed() {
     // panicking thread too.
     let (storage, tree, target) = first_pack_held_back(dir.path(), true);
     let stats = restore_within_a_minute(storage.clone(), tree, &target);
-    assert!(!storage.waited_in_vain.load(Ordering::Relaxed));
+    assert!(!storage.hook.waited_in_vain.load(Ordering::Relaxed));
     assert!(!stats.errors.is_empty());
     for e in &stats.errors {
         assert!(e.error.contains("writer thread stopped"), "{e:?}");

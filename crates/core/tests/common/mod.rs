@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cairn_core::id::BlobId;
 use cairn_core::keyfile::KdfParams;
 use cairn_core::snapshot::{Snapshot, SnapshotSummary};
-use cairn_core::storage::LocalStorage;
+use cairn_core::storage::{LocalStorage, Storage};
 use cairn_core::tree::{Node, NodeKind};
 use cairn_core::{InitOptions, Repository};
 
@@ -89,4 +89,69 @@ pub fn restore_whole(repo: &Repository, snap: &Snapshot) -> tempfile::TempDir {
             .unwrap();
     assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     target
+}
+
+/// What a test does on each read of a [`Watched`] storage, before the read is made.
+pub trait OnRead: Send + Sync + std::fmt::Debug {
+    /// A read of `name`: `len` bytes at `offset` as `Some((offset, len))`, or the whole
+    /// object as `None`.
+    fn read(&self, name: &str, range: Option<(u64, u64)>);
+}
+
+/// A local repository's storage that tells `hook` of each read, and does everything as
+/// the local storage does.
+#[derive(Debug)]
+pub struct Watched<H> {
+    pub inner: LocalStorage,
+    pub hook: H,
+}
+
+type StorageResult<T> = cairn_core::storage::Result<T>;
+
+impl<H: OnRead> Storage for Watched<H> {
+    fn location(&self) -> String {
+        self.inner.location()
+    }
+    fn read(&self, name: &str) -> StorageResult<Vec<u8>> {
+        self.hook.read(name, None);
+        self.inner.read(name)
+    }
+    fn read_range(&self, name: &str, offset: u64, len: u64) -> StorageResult<Vec<u8>> {
+        self.hook.read(name, Some((offset, len)));
+        self.inner.read_range(name, offset, len)
+    }
+    fn read_range_into(
+        &self,
+        name: &str,
+        offset: u64,
+        len: u64,
+        buf: &mut Vec<u8>,
+    ) -> StorageResult<()> {
+        self.hook.read(name, Some((offset, len)));
+        self.inner.read_range_into(name, offset, len, buf)
+    }
+    fn write(&self, name: &str, data: &[u8]) -> StorageResult<()> {
+        self.inner.write(name, data)
+    }
+    fn list(&self, dir: &str) -> StorageResult<Vec<String>> {
+        self.inner.list(dir)
+    }
+    fn list_modified(&self, dir: &str) -> StorageResult<Vec<(String, std::time::SystemTime)>> {
+        self.inner.list_modified(dir)
+    }
+    fn temporaries(&self) -> StorageResult<Vec<(String, std::time::SystemTime)>> {
+        self.inner.temporaries()
+    }
+    fn delete_temporary(&self, name: &str) -> StorageResult<()> {
+        self.inner.delete_temporary(name)
+    }
+    fn size(&self, name: &str) -> StorageResult<u64> {
+        self.inner.size(name)
+    }
+    fn exists(&self, name: &str) -> StorageResult<bool> {
+        self.inner.exists(name)
+    }
+    fn delete(&self, name: &str) -> StorageResult<()> {
+        self.inner.delete(name)
+    }
 }
