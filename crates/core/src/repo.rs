@@ -675,11 +675,7 @@ impl Repository {
             .get(&loc.pack)?;
         let span = crate::window::span(loc.offset, loc.length, pack_end)?;
         let window = windows.get((loc.pack, span.start), || {
-            // Windows start on the grid; the last one of a pack ends on it too.
-            let (from, len) = pack::grid_span(&self.key, span.start, span.len);
-            debug_assert_eq!(from, span.start);
-            self.storage
-                .read_range(&loc.pack.storage_name(), from, len)
+            self.read_pack_range(&loc.pack.storage_name(), span.start, span.len)
                 .ok()
         })?;
         window.get(span.within).map(<[u8]>::to_vec)
@@ -838,8 +834,11 @@ impl Repository {
         let (from, wide) = pack::grid_span(&self.key, start, len);
         match self.storage.read_range_into(name, from, wide, buf) {
             // A pack cut short off the grid (damaged) still holds the blobs before the
-            // cut: read up to its end, which shows nothing its size does not.
-            Err(StorageError::Truncated { size, .. }) if from < size && start + len <= size => {
+            // cut: read up to its end, which shows nothing its size does not. Only a size
+            // inside the range asked for: a store that claims a larger one is not believed.
+            Err(StorageError::Truncated { size, .. })
+                if start + len <= size && size < from + wide =>
+            {
                 self.storage.read_range_into(name, from, size - from, buf)?
             }
             read => read?,

@@ -10,10 +10,9 @@ use std::sync::{Arc, Mutex};
 use cairn_core::monitor::NullMonitor;
 use cairn_core::ops::restore::{restore, RestoreOptions};
 use cairn_core::pack::{BlobKind, GRID};
-use cairn_core::storage::LocalStorage;
-use cairn_core::tree::Tree;
+use cairn_core::storage::{LocalStorage, StorageError};
 use cairn_core::Repository;
-use common::{node, one_blob_file, repo, snapshot, OnRead, Watched};
+use common::{repo, snapshot, store_files, OnRead, Watched};
 
 /// Incompressible bytes unlike any other file's.
 fn data(i: usize, len: usize) -> Vec<u8> {
@@ -30,10 +29,11 @@ fn data(i: usize, len: usize) -> Vec<u8> {
 struct Recording(Mutex<Vec<(String, u64, u64)>>);
 
 impl OnRead for Recording {
-    fn read(&self, name: &str, range: Option<(u64, u64)>) {
+    fn read(&self, name: &str, range: Option<(u64, u64)>) -> cairn_core::storage::Result<()> {
         if let Some((offset, len)) = range {
             (self.0.lock().unwrap()).push((name.to_string(), offset, len));
         }
+        Ok(())
     }
 }
 
@@ -44,22 +44,7 @@ fn packs_are_on_the_grid_and_so_is_every_read_of_them() {
     let mut repo = repo(&repo_dir, Some(1 << 20));
     let sizes = [1, 3000, 70_000, 300_000, 900_000];
     let files: Vec<Vec<u8>> = (0..40).map(|i| data(i, sizes[i % sizes.len()])).collect();
-    let writer = repo.blob_writer();
-    let mut nodes = Vec::new();
-    let mut blobs = Vec::new();
-    for (i, bytes) in files.iter().enumerate() {
-        let (blob, _) = writer.add(BlobKind::Data, bytes).unwrap();
-        blobs.push(blob);
-        nodes.push(node(
-            format!("f{i:02}").as_bytes(),
-            one_blob_file(blob, bytes.len()),
-        ));
-    }
-    let (tree, _) = writer
-        .add(BlobKind::Tree, &Tree { nodes }.to_bytes())
-        .unwrap();
-    let mut report = writer.finish().unwrap();
-    repo.index_written(&mut report).unwrap();
+    let (tree, blobs) = store_files(&mut repo, &files);
     let packs = repo.list_packs().unwrap();
     assert!(packs.len() > 5, "{} packs", packs.len());
     for pack in &packs {
@@ -82,7 +67,7 @@ fn packs_are_on_the_grid_and_so_is_every_read_of_them() {
     assert!(stats.errors.is_empty(), "{:?}", stats.errors);
     for (i, bytes) in files.iter().enumerate() {
         assert_eq!(
-            &std::fs::read(target.join(format!("f{i:02}"))).unwrap(),
+            &std::fs::read(target.join(format!("f{i:04}"))).unwrap(),
             bytes
         );
         assert_eq!(&repo.read_blob(&blobs[i]).unwrap(), bytes);
@@ -155,4 +140,52 @@ fn a_pack_cut_off_the_grid_still_gives_the_blobs_before_the_cut() {
         before >= 2 && after >= 1,
         "{before} before the cut, {after} after"
     );
+}
+
+/// A store that says every read of a pack ran past the end of a pack of `claimed` bytes.
+#[derive(Debug)]
+struct Lying {
+    claimed: u64,
+    asked: Mutex<Vec<u64>>,
+}
+
+impl OnRead for Lying {
+    fn read(&self, name: &str, range: Option<(u64, u64)>) -> cairn_core::storage::Result<()> {
+        match range {
+            Some((offset, len)) if name.starts_with("data/") => {
+                self.asked.lock().unwrap().push(len);
+                Err(StorageError::Truncated {
+                    name: name.to_string(),
+                    location: "a lying store".to_string(),
+                    offset,
+                    len,
+                    size: self.claimed,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A read that runs past a pack's end is read again only up to a size inside the range
+/// asked for: a store that claims a huge one is not asked for it (nor is the memory
+/// allocated), and the blob is an error.
+#[test]
+fn a_store_that_claims_a_larger_pack_is_not_read_further() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    let mut repo = repo(&repo_dir, None);
+    let (_, blobs) = store_files(&mut repo, &[data(1, 3000), data(2, 3000)]);
+    let storage = Arc::new(Watched {
+        inner: LocalStorage::new(&repo_dir),
+        hook: Lying {
+            claimed: 1 << 40,
+            asked: Mutex::new(Vec::new()),
+        },
+    });
+    let repo = Repository::open(storage.clone(), b"pw".as_slice()).unwrap();
+    assert!(repo.read_blob(&blobs[1]).is_err());
+    let asked = storage.hook.asked.lock().unwrap();
+    assert!(!asked.is_empty());
+    assert!(asked.iter().all(|&len| len <= 2 * GRID), "{asked:?}");
 }

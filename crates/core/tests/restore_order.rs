@@ -15,7 +15,7 @@ use cairn_core::pack::BlobKind;
 use cairn_core::storage::LocalStorage;
 use cairn_core::tree::{ContentRef, Node, NodeKind, Tree};
 use cairn_core::Repository;
-use common::{node, one_blob_file, repo, snapshot, OnRead, Watched};
+use common::{node, repo, snapshot, store_files, OnRead, Watched};
 
 /// Incompressible bytes unlike any other file's, from `tag` and `i`.
 fn data(tag: &str, i: usize, len: usize) -> Vec<u8> {
@@ -105,9 +105,9 @@ struct HeldBack {
 const PATIENCE: Duration = Duration::from_secs(20);
 
 impl OnRead for HeldBack {
-    fn read(&self, name: &str, _: Option<(u64, u64)>) {
+    fn read(&self, name: &str, _: Option<(u64, u64)>) -> cairn_core::storage::Result<()> {
         if name != self.object {
-            return;
+            return Ok(());
         }
         let started = Instant::now();
         while !self.until.exists() {
@@ -118,6 +118,7 @@ impl OnRead for HeldBack {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(!self.then_panic, "a read of {name} panics");
+        Ok(())
     }
 }
 
@@ -129,23 +130,8 @@ impl OnRead for HeldBack {
 fn first_pack_held_back(dir: &Path, then_panic: bool) -> (Arc<Watched<HeldBack>>, BlobId, PathBuf) {
     let repo_dir = dir.join("repo");
     let mut repo = repo(&repo_dir, Some(1 << 20));
-    let writer = repo.blob_writer();
-    let mut nodes: Vec<Node> = Vec::new();
-    let mut blobs = Vec::new();
-    for i in 0..FILES {
-        let bytes = data("batch", i, 3000);
-        let (blob, _) = writer.add(BlobKind::Data, &bytes).unwrap();
-        blobs.push(blob);
-        nodes.push(node(
-            format!("f{i:04}").as_bytes(),
-            one_blob_file(blob, bytes.len()),
-        ));
-    }
-    let (tree, _) = writer
-        .add(BlobKind::Tree, &Tree { nodes }.to_bytes())
-        .unwrap();
-    let mut report = writer.finish().unwrap();
-    repo.index_written(&mut report).unwrap();
+    let files: Vec<Vec<u8>> = (0..FILES).map(|i| data("batch", i, 3000)).collect();
+    let (tree, blobs) = store_files(&mut repo, &files);
     let pack = |blob| repo.index().get(blob).unwrap().pack;
     let first = pack(&blobs[0]);
     assert_ne!(

@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use cairn_core::id::BlobId;
 use cairn_core::keyfile::KdfParams;
+use cairn_core::pack::BlobKind;
 use cairn_core::snapshot::{Snapshot, SnapshotSummary};
 use cairn_core::storage::{LocalStorage, Storage};
-use cairn_core::tree::{Node, NodeKind};
+use cairn_core::tree::{Node, NodeKind, Tree};
 use cairn_core::{InitOptions, Repository};
 
 /// A new repository in `dir` with the cheapest key derivation, and packs of `pack_size`
@@ -61,6 +62,28 @@ pub fn one_blob_file(blob: BlobId, len: usize) -> NodeKind {
     }
 }
 
+/// Stores each of `files` as one blob, and a tree of files `f0000`, `f0001`... holding
+/// them in that order; indexes them and returns the tree and the blobs.
+pub fn store_files(repo: &mut Repository, files: &[Vec<u8>]) -> (BlobId, Vec<BlobId>) {
+    let writer = repo.blob_writer();
+    let mut nodes = Vec::new();
+    let mut blobs = Vec::new();
+    for (i, bytes) in files.iter().enumerate() {
+        let (blob, _) = writer.add(BlobKind::Data, bytes).unwrap();
+        blobs.push(blob);
+        nodes.push(node(
+            format!("f{i:04}").as_bytes(),
+            one_blob_file(blob, bytes.len()),
+        ));
+    }
+    let (tree, _) = writer
+        .add(BlobKind::Tree, &Tree { nodes }.to_bytes())
+        .unwrap();
+    let mut report = writer.finish().unwrap();
+    repo.index_written(&mut report).unwrap();
+    (tree, blobs)
+}
+
 /// A snapshot of the stored tree `tree`, taken now.
 pub fn snapshot(tree: BlobId) -> Snapshot {
     Snapshot {
@@ -94,8 +117,8 @@ pub fn restore_whole(repo: &Repository, snap: &Snapshot) -> tempfile::TempDir {
 /// What a test does on each read of a [`Watched`] storage, before the read is made.
 pub trait OnRead: Send + Sync + std::fmt::Debug {
     /// A read of `name`: `len` bytes at `offset` as `Some((offset, len))`, or the whole
-    /// object as `None`.
-    fn read(&self, name: &str, range: Option<(u64, u64)>);
+    /// object as `None`. An error is the read's outcome instead of the storage's.
+    fn read(&self, name: &str, range: Option<(u64, u64)>) -> StorageResult<()>;
 }
 
 /// A local repository's storage that tells `hook` of each read, and does everything as
@@ -113,11 +136,11 @@ impl<H: OnRead> Storage for Watched<H> {
         self.inner.location()
     }
     fn read(&self, name: &str) -> StorageResult<Vec<u8>> {
-        self.hook.read(name, None);
+        self.hook.read(name, None)?;
         self.inner.read(name)
     }
     fn read_range(&self, name: &str, offset: u64, len: u64) -> StorageResult<Vec<u8>> {
-        self.hook.read(name, Some((offset, len)));
+        self.hook.read(name, Some((offset, len)))?;
         self.inner.read_range(name, offset, len)
     }
     fn read_range_into(
@@ -127,7 +150,7 @@ impl<H: OnRead> Storage for Watched<H> {
         len: u64,
         buf: &mut Vec<u8>,
     ) -> StorageResult<()> {
-        self.hook.read(name, Some((offset, len)));
+        self.hook.read(name, Some((offset, len)))?;
         self.inner.read_range_into(name, offset, len, buf)
     }
     fn write(&self, name: &str, data: &[u8]) -> StorageResult<()> {
