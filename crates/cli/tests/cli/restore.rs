@@ -190,6 +190,96 @@ fn restore_recreates_hardlinks_as_one_inode() {
     assert_eq!(fs::metadata(r.join("a")).unwrap().nlink(), 3);
 }
 
+/// Files with other names are written by the writer threads like any other file, and
+/// their later names linked once they are in place, whether the walk meets a later name
+/// before its first is written or after: so a tree of hard-linked files (`cp -al`, or
+/// files linked from outside the backup) restores as fast as any other. They were written
+/// one at a time on the walk's thread, outside the pack reads `--json` counts.
+#[test]
+fn restore_recreates_hardlinks_across_batches_with_the_other_files() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    const FILES: u64 = 3000;
+    const SIZE: usize = 200;
+    write_random_files(&src.join("a"), FILES, SIZE, 1);
+    fs::create_dir_all(src.join("z")).unwrap();
+    // And one name outside the backup for a third of them.
+    fs::create_dir_all(env.path("elsewhere")).unwrap();
+    for i in 0..FILES {
+        let name = format!("f{i}.bin");
+        fs::hard_link(src.join("a").join(&name), src.join("z").join(&name)).unwrap();
+        if i % 3 == 0 {
+            fs::hard_link(src.join("a").join(&name), env.path("elsewhere").join(&name)).unwrap();
+        }
+    }
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    let out = env.restore("latest", &target, &["--json"]);
+    let report = parse_json(&out.stdout, "cairn restore --json");
+    assert_eq!(json_u64(&report, "files_restored"), FILES, "{report}");
+    assert_eq!(json_u64(&report, "hardlinks_restored"), FILES, "{report}");
+    assert!(
+        json_u64(&report, "bytes_read") >= FILES * SIZE as u64,
+        "every file's bytes came through the pack reads: {report}"
+    );
+    let r = restored_path(&target, &src);
+    for i in 0..FILES {
+        let name = format!("f{i}.bin");
+        let (a, z) = (
+            fs::metadata(r.join("a").join(&name)).unwrap(),
+            fs::metadata(r.join("z").join(&name)).unwrap(),
+        );
+        assert_eq!(a.ino(), z.ino(), "{name}");
+        assert_eq!(a.nlink(), 2, "{name}");
+    }
+    assert_trees_equal(&src.join("a"), &r.join("a"), Compare::CONTENTS);
+}
+
+/// When the first name of a file with hard links cannot be restored, its later names
+/// say so, naming it, rather than vanishing or linking to nothing.
+#[test]
+fn later_names_of_a_file_that_could_not_be_restored_say_so() {
+    let env = TestEnv::new();
+    env.init(&["--compression", "none"]);
+    let src = env.path("src");
+    write_file(&src.join("a/big.bin"), &random_bytes(3_000_000, 5));
+    fs::create_dir_all(src.join("b")).unwrap();
+    fs::hard_link(src.join("a/big.bin"), src.join("b/big.bin")).unwrap();
+    env.backup(&[&src], &[]);
+    // The largest pack holds the file's data; the trees are in another.
+    let pack = env
+        .repo_files("data")
+        .into_iter()
+        .max_by_key(|p| fs::metadata(p).unwrap().len())
+        .unwrap();
+    let mut bytes = fs::read(&pack).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 1;
+    fs::write(&pack, bytes).unwrap();
+
+    let target = env.path("restored");
+    let out = env
+        .cmd()
+        .arg("restore")
+        .arg("latest")
+        .arg("--target")
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", describe(&out));
+    let err = stderr(&out);
+    let first = src.join("a/big.bin");
+    assert!(
+        err.contains(&format!(
+            "b/big.bin: not restored: a hard link to {}",
+            restored_path(&target, &first).display()
+        )),
+        "{err}"
+    );
+    let r = restored_path(&target, &src);
+    assert!(!r.join("a/big.bin").exists() && !r.join("b/big.bin").exists());
+}
+
 #[test]
 fn restore_recreates_symlinks_with_their_exact_target_text() {
     let env = TestEnv::with_repo();

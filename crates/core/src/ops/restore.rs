@@ -180,6 +180,7 @@ pub fn restore(
         euid,
         umask: process_umask(),
         links: HashMap::new(),
+        waiting: HashMap::new(),
         pending: Vec::new(),
         jobs: Some(batch_tx),
         batch: Vec::new(),
@@ -211,10 +212,9 @@ pub fn restore(
     lost.sort_by(|a, b| a.1.path.cmp(&b.1.path));
     for (tmp, f) in lost {
         let _ = f.dir.remove_file(&tmp.name());
-        r.problem(
-            &f.path,
-            &"not restored: a writer thread stopped unexpectedly",
-        );
+        let error = "not restored: a writer thread stopped unexpectedly";
+        r.problem(&f.path, &error);
+        r.link_later_names(tmp, Err(error));
     }
     // Directory metadata last, deepest first: writing into a directory changes its mtime,
     // and a directory's final mode may keep restore itself out.
@@ -417,6 +417,32 @@ struct FirstLink {
     name: OsString,
 }
 
+/// A file with hard links, found by its (device, inode) at backup time.
+enum Linked {
+    /// In place under this name (restored, or found unchanged): later names link to it.
+    Placed(FirstLink),
+    /// Being written by the writer threads as this temporary file, like any other file:
+    /// later names wait in `Restorer::waiting` until it has its name.
+    Writing(TempName),
+}
+
+/// The later names of a file being written, made once it is in place.
+struct Waiting {
+    key: (u64, u64),
+    first: FirstLink,
+    /// The first name's path, for messages.
+    first_path: PathBuf,
+    later: Vec<LaterLink>,
+}
+
+/// A later name of a file with hard links, to make in `parent`.
+struct LaterLink {
+    parent: Arc<Dir>,
+    name: OsString,
+    path: PathBuf,
+    mtime: Time,
+}
+
 struct Restorer<'a> {
     repo: &'a Repository,
     opts: &'a RestoreOptions,
@@ -426,8 +452,10 @@ struct Restorer<'a> {
     target: Arc<Dir>,
     euid: u32,
     umask: Option<u32>,
-    /// (device, inode) at backup time → first restored name, to recreate hard links.
-    links: HashMap<(u64, u64), FirstLink>,
+    /// (device, inode) at backup time → its first name, to recreate hard links.
+    links: HashMap<(u64, u64), Linked>,
+    /// Files with hard links being written (by temporary name), and their later names.
+    waiting: HashMap<TempName, Waiting>,
     /// Directories above the current entry that only the filter's search entered.
     pending: Vec<PendingDir>,
     /// Batches of files for the writer threads; `None` once the walk is over.
@@ -556,8 +584,47 @@ impl Restorer<'_> {
                     self.stats.bytes_restored += size;
                     self.stats.files_verified += u64::from(verified);
                     self.monitor.file_done(&path, size);
+                    self.link_later_names(tmp, Ok(()));
                 }
-                Err(e) => self.problem(&path, &e),
+                Err(e) => {
+                    self.problem(&path, &e);
+                    self.link_later_names(tmp, Err(&e));
+                }
+            }
+        }
+    }
+
+    /// Makes the later names of file `tmp`, if it has hard links, now that it is in place
+    /// (`Ok`); if it failed, its later names are reported as not restored, and a name met
+    /// after this is restored as a file of its own.
+    fn link_later_names(&mut self, tmp: TempName, placed: std::result::Result<(), &str>) {
+        let Some(w) = self.waiting.remove(&tmp) else {
+            return;
+        };
+        match placed {
+            Ok(()) => {
+                for later in w.later {
+                    let older = |found: &Found| later.mtime > found.mtime;
+                    if let Err(e) = self.restore_link(&w.first, &later.parent, &later.name, older) {
+                        self.problem(&later.path, &e);
+                    }
+                }
+                self.links.insert(w.key, Linked::Placed(w.first));
+            }
+            Err(e) => {
+                self.links.remove(&w.key);
+                for later in w.later {
+                    // A stopped restore is reported once, as the interruption.
+                    let error = if e == restore_packs::INTERRUPTED {
+                        e.to_string()
+                    } else {
+                        format!(
+                            "not restored: a hard link to {}, which was not restored",
+                            w.first_path.display()
+                        )
+                    };
+                    self.problem(&later.path, &error);
+                }
             }
         }
     }
@@ -1028,13 +1095,26 @@ impl Restorer<'_> {
         name: &OsStr,
         path: &Path,
     ) -> Result<bool, String> {
-        let NodeKind::File { size, .. } = &node.kind else {
-            unreachable!("restore_file takes files")
-        };
         let older = |found: &Found| node.mtime > found.mtime;
+        let key = (node.device, node.inode);
         if node.links > 1 {
-            if let Some(first) = self.links.get(&(node.device, node.inode)).cloned() {
-                return self.restore_link(&first, parent, name, older);
+            match self.links.get(&key) {
+                Some(Linked::Placed(first)) => {
+                    let first = first.clone();
+                    return self.restore_link(&first, parent, name, older);
+                }
+                Some(Linked::Writing(tmp)) => {
+                    if let Some(w) = self.waiting.get_mut(tmp) {
+                        w.later.push(LaterLink {
+                            parent: parent.clone(),
+                            name: name.to_os_string(),
+                            path: path.to_path_buf(),
+                            mtime: node.mtime,
+                        });
+                    }
+                    return Ok(false);
+                }
+                None => {}
             }
         }
         // Nothing to look at in a directory this restore made: saves an lstat per file.
@@ -1063,13 +1143,11 @@ impl Restorer<'_> {
                 Existing::Go => {}
                 Existing::Unchanged => {
                     if node.links > 1 {
-                        self.links.insert(
-                            (node.device, node.inode),
-                            FirstLink {
-                                rel_dir: parent.rel.clone(),
-                                name: name.to_os_string(),
-                            },
-                        );
+                        let first = FirstLink {
+                            rel_dir: parent.rel.clone(),
+                            name: name.to_os_string(),
+                        };
+                        self.links.insert(key, Linked::Placed(first));
                     }
                     // Metadata such as the mode may still differ: set on the inode just
                     // compared, which another user may have swapped for another since.
@@ -1101,40 +1179,43 @@ impl Restorer<'_> {
             chmod,
         };
         self.collect_done();
-        if node.links <= 1 {
-            self.in_flight.insert(
-                job.tmp,
-                InFlight {
-                    dir: job.dir.clone(),
-                    path: job.path.clone(),
-                },
-            );
-            self.batch_parts += match &node.kind {
-                NodeKind::File { content, .. } => content.len().max(1),
-                _ => 1,
-            };
-            self.batch.push(job);
-            if self.batch_parts >= self.batch_limit {
-                // Small batches first, so that writing starts as the walk does.
-                self.batch_limit = (self.batch_limit * 2).min(restore_packs::BATCH_PARTS);
-                self.send_batch();
-            }
-            return Ok(false);
-        }
-        // A file with hard links is written here, so that its links can be made at once.
-        let verified = restore_packs::place_alone(self.repo, self.opts, self.monitor, &job)?;
-        self.links.insert(
-            (node.device, node.inode),
-            FirstLink {
+        // A file with hard links is written like any other; its later names are made
+        // once it is in place (`link_later_names`). Written alone, each in turn on this
+        // thread, a tree whose every file has other names (a copy made with `cp -al`, or
+        // files linked from outside the backup) restored at a fraction of the speed.
+        if node.links > 1 {
+            self.links.insert(key, Linked::Writing(job.tmp));
+            let first = FirstLink {
                 rel_dir: parent.rel.clone(),
                 name: name.to_os_string(),
+            };
+            self.waiting.insert(
+                job.tmp,
+                Waiting {
+                    key,
+                    first,
+                    first_path: path.to_path_buf(),
+                    later: Vec::new(),
+                },
+            );
+        }
+        self.in_flight.insert(
+            job.tmp,
+            InFlight {
+                dir: job.dir.clone(),
+                path: job.path.clone(),
             },
         );
-        self.stats.files_restored += 1;
-        self.stats.bytes_restored += size;
-        self.stats.files_verified += u64::from(verified);
-        self.monitor.file_done(path, *size);
-        // Metadata was applied to the temporary file before the rename.
+        self.batch_parts += match &node.kind {
+            NodeKind::File { content, .. } => content.len().max(1),
+            _ => 1,
+        };
+        self.batch.push(job);
+        if self.batch_parts >= self.batch_limit {
+            // Small batches first, so that writing starts as the walk does.
+            self.batch_limit = (self.batch_limit * 2).min(restore_packs::BATCH_PARTS);
+            self.send_batch();
+        }
         Ok(false)
     }
 

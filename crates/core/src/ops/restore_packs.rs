@@ -823,45 +823,6 @@ impl<'a> Batch<'a> {
     }
 }
 
-/// Writes one file alone, its parts in order: a file with hard links, whose other links
-/// the walk makes as soon as it is in place.
-pub(crate) fn place_alone(
-    repo: &Repository,
-    opts: &RestoreOptions,
-    monitor: &dyn Monitor,
-    job: &FileJob,
-) -> Result<bool, String> {
-    let written = (|| {
-        let (file, unnamed) = open_tmp(job, true, opts.verify)?;
-        let (mut digest, mut at, mut end) = ([0u8; 32], 0u64, 0u64);
-        for part in content(&job.node) {
-            if monitor.cancelled() {
-                return Err(INTERRUPTED.to_string());
-            }
-            let blob = repo
-                .read_blob_shared(&part.blob)
-                .map_err(|e| not_restored(&e))?;
-            let data = blob
-                .get(part.offset as usize..(part.offset + part.len) as usize)
-                .ok_or_else(|| format!("content reference outside blob {}", part.blob))?;
-            end = end.max(write_sparse_at(&file, data, at).map_err(|e| e.to_string())?);
-            if opts.verify {
-                xor_into(&mut digest, &part_digest(at, data));
-            }
-            at += u64::from(part.len);
-            monitor.bytes_done(data.len() as u64);
-        }
-        Ok((file, unnamed, digest, end))
-    })();
-    match written {
-        Ok((file, unnamed, digest, end)) => complete(file, unnamed, job, opts, &digest, end),
-        Err(e) => {
-            let _ = job.dir.remove_file(&job.tmp.name());
-            Err(e)
-        }
-    }
-}
-
 /// Finishes a written temporary file: length (a trailing hole), metadata with the mtime
 /// last, verification against `digest`, and its name (linked if the file is unnamed,
 /// else renamed into place). On failure a temporary file is removed.
