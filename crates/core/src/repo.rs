@@ -71,8 +71,8 @@ pub struct Repository {
     /// Tree blobs by pack, built on the first tree the cache misses; reset whenever
     /// the index changes.
     tree_packs: std::sync::OnceLock<HashMap<PackId, Vec<(BlobId, BlobLocation)>>>,
-    /// Recently read windows of packs, for remote stores (see [`crate::window`]).
-    windows: Option<PackWindows>,
+    /// Recently read windows of packs (see [`crate::window`]).
+    windows: PackWindows,
     /// Where the last blob the index places in each pack ends; reset with the index.
     pack_ends: std::sync::OnceLock<HashMap<PackId, u64>>,
     /// Recently read plaintext blobs, for readers of many small files.
@@ -200,7 +200,7 @@ impl Repository {
     }
 
     fn assemble(storage: Arc<dyn Storage>, config: Config, key: MasterKey, access: Access) -> Self {
-        let storage_is_remote = storage.is_remote();
+        let windows = PackWindows::new(storage.is_remote());
         Repository {
             storage,
             config,
@@ -209,7 +209,7 @@ impl Repository {
             index_problems: Vec::new(),
             cache: None,
             tree_packs: std::sync::OnceLock::new(),
-            windows: storage_is_remote.then(PackWindows::default),
+            windows,
             recent_blobs: RecentBlobs::default(),
             pack_ends: std::sync::OnceLock::new(),
             writer_cache: None,
@@ -656,11 +656,10 @@ impl Repository {
         Ok(plain)
     }
 
-    /// A blob's sealed bytes from the window of its pack around it, on a remote store;
-    /// `None` when windows are off, the blob crosses a window's end, or the window could
-    /// not be read (the caller's own read then reports why).
+    /// A blob's sealed bytes from the window of its pack around it; `None` when the blob
+    /// crosses a window's end, or the window could not be read (the caller's own read
+    /// then reports why).
     fn read_through_window(&self, loc: &BlobLocation) -> Option<Vec<u8>> {
-        let windows = self.windows.as_ref()?;
         let pack_end = *self
             .pack_ends
             .get_or_init(|| {
@@ -673,12 +672,9 @@ impl Repository {
                 ends
             })
             .get(&loc.pack)?;
-        let span = crate::window::span(loc.offset, loc.length, pack_end)?;
-        let window = windows.get((loc.pack, span.start), || {
-            self.read_pack_range(&loc.pack.storage_name(), span.start, span.len)
-                .ok()
-        })?;
-        window.get(span.within).map(<[u8]>::to_vec)
+        let name = loc.pack.storage_name();
+        let fetch = |start, len| self.read_pack_range(&name, start, len).ok();
+        (self.windows).read(loc.pack, loc.offset, loc.length, pack_end, fetch)
     }
 
     /// A tree blob's plaintext, from the cache when it holds a verified copy; from

@@ -189,3 +189,39 @@ fn a_store_that_claims_a_larger_pack_is_not_read_further() {
     assert!(!asked.is_empty());
     assert!(asked.iter().all(|&len| len <= 2 * GRID), "{asked:?}");
 }
+
+/// Small blobs read one at a time, in the order they were written (a restore's walk
+/// reading trees), read each cell of their pack once, not once per blob: the last few
+/// windows read are kept, on a local store too.
+#[test]
+fn small_blobs_read_one_at_a_time_read_each_cell_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let repo_dir = dir.path().join("repo");
+    let mut repo = repo(&repo_dir, None);
+    let files: Vec<Vec<u8>> = (0..300).map(|i| data(i, 1000)).collect();
+    let writer = repo.blob_writer();
+    let blobs: Vec<_> = (files.iter())
+        .map(|bytes| writer.add(BlobKind::Tree, bytes).unwrap().0)
+        .collect();
+    let mut report = writer.finish().unwrap();
+    repo.index_written(&mut report).unwrap();
+    let storage = Arc::new(Watched {
+        inner: LocalStorage::new(&repo_dir),
+        hook: Recording::default(),
+    });
+    let repo = Repository::open(storage.clone(), b"pw".as_slice()).unwrap();
+    for (blob, bytes) in blobs.iter().zip(&files) {
+        assert_eq!(&repo.read_blob(blob).unwrap(), bytes);
+    }
+    let reads = storage.hook.0.lock().unwrap();
+    let of_packs: Vec<_> = reads.iter().filter(|r| r.0.starts_with("data/")).collect();
+    let read: u64 = of_packs.iter().map(|r| r.2).sum();
+    let stored: u64 = (repo.list_packs().unwrap().iter())
+        .map(|p| repo.storage().size(&p.storage_name()).unwrap())
+        .sum();
+    assert!(
+        read <= stored && of_packs.len() as u64 <= stored / GRID,
+        "{} reads of {read} bytes from packs of {stored}",
+        of_packs.len()
+    );
+}
