@@ -518,7 +518,13 @@ run_corpus() {
   : >"$results"
   src_bytes=$(du -sb "$src" | cut -f1)
   src_files=$(find "$src" -type f | wc -l)
-  echo "corpus $corpus: $src ($src_bytes bytes in $src_files files)"
+  # Files with other names (a source tree copied with `cp -al`, as by hand between runs)
+  # are restored as hard links by some tools and as copies by others: said with the
+  # figures, since they change what a restore does.
+  src_linked=$(find "$src" -type f -links +1 | wc -l)
+  linked=""
+  ((src_linked == 0)) || linked=", $src_linked of them with other names (hard links)"
+  echo "corpus $corpus: $src ($src_bytes bytes in $src_files files$linked)"
   # Every restored tree is kept until the corpus is done (each tool's and the two plain
   # ones', $restores times), beside a repository per tool, the stored pieces and the
   # duplicate's copy: a full disk half-way (a run of 2026-11-29) wastes the run.
@@ -546,7 +552,7 @@ run_corpus() {
     echo
     echo "## Compared with other tools: $title"
     echo
-    echo "Source $src_bytes bytes in $src_files files."
+    echo "Source $src_bytes bytes in $src_files files$linked."
     render md
   } >>"$work/compare.md"
 }
