@@ -1104,6 +1104,8 @@ impl Restorer<'_> {
                     return self.restore_link(&first, parent, name, older);
                 }
                 Some(Linked::Writing(tmp)) => {
+                    // Always waiting while writing (`link_later_names` ends both); were
+                    // it not, this name is restored as a file of its own.
                     if let Some(w) = self.waiting.get_mut(tmp) {
                         w.later.push(LaterLink {
                             parent: parent.clone(),
@@ -1111,8 +1113,8 @@ impl Restorer<'_> {
                             path: path.to_path_buf(),
                             mtime: node.mtime,
                         });
+                        return Ok(false);
                     }
-                    return Ok(false);
                 }
                 None => {}
             }
