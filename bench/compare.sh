@@ -223,6 +223,7 @@ restore_runs() {
         if "$writefloor" "${flags[@]}" "$src" "$work/restore/$tool/$r" >"$log.out" 2>"$log.err"; then
           read -r wall cpu rest <"$log.out"
           runs[$tool]+="$wall $cpu -"$'\n'
+          echo "$wall $cpu -" >>"$log.runs"
         else
           fail "$tool failed" "$log.err"
           failed[$tool]=failed
@@ -234,6 +235,8 @@ restore_runs() {
       tool_cmd "$tool" restore "$r"
       if m=$(timed "$log.out" "$log.err" "${cmd[@]}"); then
         runs[$tool]+="$m"$'\n'
+        # Every run, not only the median: restores vary from run to run.
+        echo "$m" >>"$log.runs"
         verify "$tool" "$r" || failed[$tool]=DIFFERS
       else
         fail "$tool restore failed" "$log.err"
