@@ -25,7 +25,7 @@ fuzz_target!(|input: (u32, u32, u64, bool)| {
     // no window is asked for past the pack's end or off the window grid.
     let byte = |at: u64| (at % 251) as u8;
     let fetch = |start: u64, len: u64| {
-        assert!(start % window == 0 && len <= window && start + len <= pack_end);
+        assert!(start.is_multiple_of(window) && len <= window && start + len <= pack_end);
         Some((start..start + len).map(byte).collect())
     };
     let windows = PackWindows::new(remote);
