@@ -656,9 +656,9 @@ impl Repository {
         Ok(plain)
     }
 
-    /// A blob's sealed bytes from the window of its pack around it; `None` when the blob
-    /// crosses a window's end, or the window could not be read (the caller's own read
-    /// then reports why).
+    /// A blob's sealed bytes from the windows of its pack around it; `None` when it spans
+    /// more than two windows, or a window could not be read (the caller's own read then
+    /// reports why).
     fn read_through_window(&self, loc: &BlobLocation) -> Option<Vec<u8>> {
         let pack_end = *self
             .pack_ends
