@@ -66,7 +66,7 @@ fn truncate_to_half(pack: &Path) {
         .unwrap();
 }
 
-fn flip_middle_byte(pack: &Path) {
+pub(crate) fn flip_middle_byte(pack: &Path) {
     let mut bytes = fs::read(pack).unwrap();
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0x01;

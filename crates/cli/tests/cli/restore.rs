@@ -252,10 +252,7 @@ fn later_names_of_a_file_that_could_not_be_restored_say_so() {
         .into_iter()
         .max_by_key(|p| fs::metadata(p).unwrap().len())
         .unwrap();
-    let mut bytes = fs::read(&pack).unwrap();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 1;
-    fs::write(&pack, bytes).unwrap();
+    crate::damage::flip_middle_byte(&pack);
 
     let target = env.path("restored");
     let out = env
