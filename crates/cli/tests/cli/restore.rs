@@ -235,6 +235,45 @@ fn restore_recreates_hardlinks_across_batches_with_the_other_files() {
     assert_trees_equal(&src.join("a"), &r.join("a"), Compare::CONTENTS);
 }
 
+/// A restore stopped before some names of a file with hard links were made (its first
+/// name not yet in place, or in place without its later names) is finished by running it
+/// again with `--overwrite if-changed`: every name ends up one inode again, the first
+/// name kept or written anew, and a name left from before relinked to it.
+#[test]
+fn if_changed_finishes_the_hard_links_of_an_interrupted_restore() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    write_file(&src.join("a"), b"shared contents\n");
+    fs::create_dir_all(src.join("d1/d2")).unwrap();
+    fs::hard_link(src.join("a"), src.join("d1/b")).unwrap();
+    fs::hard_link(src.join("a"), src.join("d1/d2/c")).unwrap();
+    env.backup(&[&src], &[]);
+    let target = env.path("restored");
+    env.restore("latest", &target, &[]);
+    let r = restored_path(&target, &src);
+    let ino = |p: &str| fs::metadata(r.join(p)).unwrap().ino();
+    let assert_one_inode = || {
+        assert_eq!(ino("a"), ino("d1/b"));
+        assert_eq!(ino("a"), ino("d1/d2/c"));
+        assert_eq!(fs::metadata(r.join("a")).unwrap().nlink(), 3);
+        assert_eq!(fs::read(r.join("d1/d2/c")).unwrap(), b"shared contents\n");
+    };
+
+    // The first name in place, a later one missing.
+    fs::remove_file(r.join("d1/b")).unwrap();
+    env.restore("latest", &target, &["--overwrite", "if-changed"]);
+    assert_one_inode();
+
+    // The first name missing too: written anew, and the name left (another inode now
+    // that it is the last) replaced by a link to it.
+    fs::remove_file(r.join("a")).unwrap();
+    fs::remove_file(r.join("d1/b")).unwrap();
+    let left = ino("d1/d2/c");
+    env.restore("latest", &target, &["--overwrite", "if-changed"]);
+    assert_one_inode();
+    assert_ne!(ino("a"), left, "the first name was written anew");
+}
+
 /// When the first name of a file with hard links cannot be restored, its later names
 /// say so, naming it, rather than vanishing or linking to nothing.
 #[test]
