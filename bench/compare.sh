@@ -5,11 +5,13 @@
 # tree of mostly incompressible files, photos, videos, disk images, zip and office files,
 # with some CSV, XML and logs (bench/corpus.py, about 1.1 GB, the same bytes every run).
 #
-# For each corpus and tool: init, first backup (page cache dropped), unchanged second
-# backup (the median of five runs), a backup after in-place changes (bench/corpus.py
-# change: overwritten ranges, appends, new files); then the tree goes back as it was for
-# the next tool. Then every tool restores its last snapshot into an empty directory
-# (page cache dropped), three times, the tools taking turns, and the median run counts;
+# For each corpus: every tool's init and first backup (page cache dropped) into a new
+# repository, three times, the tools taking turns, the median run counting and the last
+# run's repository kept. Then for each tool: an unchanged second backup (the median of
+# five runs), a backup after in-place changes (bench/corpus.py change: overwritten
+# ranges, appends, new files); then the tree goes back as it was for the next tool.
+# Then every tool restores its last snapshot into an empty directory (page cache
+# dropped), three times, the tools taking turns, and the median run counts;
 # each restored tree is checked against the source with `diff -r --no-dereference`. Wall
 # time (to the millisecond), CPU time (user+sys) and peak RSS come from
 # crates/core/examples/timed.rs; repository size from
@@ -34,10 +36,12 @@
 #   CAIRN_BIN=PATH: measure this cairn binary instead of building one
 #   CAIRN_BENCH_TOOLS="cairn restic ...": measure only these (default: all seven)
 #   CAIRN_BENCH_CORPORA="linux mixed": the corpora, in order (default: both)
+#   CAIRN_BENCH_FIRSTS=N: runs of each first backup (median; default 3)
 #   CAIRN_BENCH_REPEAT=N: runs of the unchanged backup and the walk (median; default 5)
 #   CAIRN_BENCH_RESTORES=N: runs of each restore (median; default 3). Every restored tree
-#     is kept until its corpus is done: the disk needs (tools + 2) x N + 3 times the
-#     corpus's size (1.3 GB for the Linux tree) free, with the repositories.
+#     is kept until its corpus is done, and so is every first backup's repository: the
+#     disk needs (tools + 2) x RESTORES + tools x FIRSTS + 3 times the corpus's size
+#     (1.3 GB for the Linux tree) free.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 install=1
@@ -163,6 +167,11 @@ repeats=${CAIRN_BENCH_REPEAT:-5}
 # (cairn, mixed corpus, cache dropped each time), and the tool restoring after another
 # had just used a gigabyte paid more (see drop_caches in bench/lib.sh).
 restores=${CAIRN_BENCH_RESTORES:-3}
+# Runs of each first backup, taking turns, whose median is recorded: the same build's
+# first backup of the mixed corpus took 2.03 s in one run and 2.41 s in the next, and
+# 1.60-1.92 s by hand between them (cold, in new repositories), so one run moved its
+# ratio from 0.47x to 0.61x of bupstash's.
+firsts=${CAIRN_BENCH_FIRSTS:-3}
 
 # median RUN...: of `timed` outputs, the one with the median wall time.
 median() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
@@ -350,14 +359,72 @@ tool_env() {
   mkdir -p "$XDG_CACHE_HOME" "$work/restore/$1"
 }
 
-# run_tool TOOL: the backups of one tool, stopping at the first failed step; a tool whose
-# backups all ran joins `restorable`, whose restores restore_runs times afterwards.
+# first_runs: every tool's init and first backup into a new repository, $firsts times,
+# taking turns (cairn, the next tool, ...; then again), the page cache dropped before
+# each backup; records the first run's init and the median first backup, with the size
+# of its repository. A run's repository (and the tool's cache, so that the next run
+# starts without one) is set aside under $work/repos/first-RUN until the corpus is done;
+# the last run's stays for the steps that follow. A tool whose init or first backup
+# failed joins `failed_first`, and run_tool skips it.
+first_runs() {
+  local tool r m log size p aside wall cpu rss lines
+  local -A runs=()
+  failed_first=()
+  for ((r = 1; r <= firsts; r++)); do
+    for tool in "${tools[@]}"; do
+      [[ " ${failed_first[*]} " == *" $tool "* ]] && continue
+      tool_env "$tool"
+      if ((r == 1)); then
+        echo "== $tool"
+        step "$tool" init || { failed_first+=("$tool"); continue; }
+      else
+        aside="$work/repos/first-$((r - 1))"
+        mkdir -p "$aside"
+        for p in "$work/repos/$tool" "$work/repos/$tool".*; do
+          [ -e "$p" ] && mv "$p" "$aside/"
+        done
+        mv "$work/cache/$tool" "$aside/$tool.cache"
+        tool_env "$tool"
+        log="$work/logs/$corpus/$tool-init"
+        tool_cmd "$tool" init
+        if ! timed "$log.out" "$log.err" "${cmd[@]}" >/dev/null; then
+          fail "$tool init (first backup run $r) failed" "$log.err"
+          failed_first+=("$tool"); continue
+        fi
+      fi
+      log="$work/logs/$corpus/$tool-backup1"
+      drop_caches
+      tool_cmd "$tool" backup1
+      if ! m=$(timed "$log.out" "$log.err" "${cmd[@]}"); then
+        fail "$tool backup1 failed" "$log.err"
+        record backup1 "$tool" failed
+        failed_first+=("$tool"); continue
+      fi
+      size=$({ du -sb "$work/repos/$tool" 2>/dev/null || echo -; } | cut -f1)
+      runs[$tool]+="$m $size"$'\n'
+      # Every run, not only the median.
+      echo "$m $size" >>"$log.runs"
+      read -r wall cpu rss <<<"$m"
+      printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS  (run %d)\n' "$tool" backup1 "$wall" \
+        "$cpu" $((rss / 1024)) "$r"
+    done
+  done
+  for tool in "${tools[@]}"; do
+    [[ " ${failed_first[*]} " == *" $tool "* ]] && continue
+    mapfile -t lines <<<"${runs[$tool]%$'\n'}"
+    read -r wall cpu rss size <<<"$(median "${lines[@]}")"
+    record backup1 "$tool" "$wall" "$cpu" "$rss" "$size"
+  done
+}
+
+# run_tool TOOL: the later backups of one tool (its first ones were first_runs'),
+# stopping at the first failed step; a tool whose backups all ran joins `restorable`,
+# whose restores restore_runs times afterwards.
 run_tool() {
   local tool=$1
+  [[ " ${failed_first[*]} " == *" $tool "* ]] && return 0
   tool_env "$tool"
   echo "== $tool"
-  step "$tool" init || return 0
-  drop_caches; step "$tool" backup1 || return 0
   step "$tool" backup2 || return 0
   [ "$tool" = cairn ] && walk_row
   python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 1
@@ -385,7 +452,7 @@ for t in "${tools[@]}"; do versions+=("$(version_of "$t")"); done
 # render text|md: the results as one table per step. For each step, a last row gives
 # cairn's wall time, peak RSS and repository size over the best of the other tools.
 render() {
-  awk -F'\t' -v fmt="$1" -v src_bytes="$src_bytes" -v restores="$restores" '
+  awk -F'\t' -v fmt="$1" -v src_bytes="$src_bytes" -v restores="$restores" -v firsts="$firsts" '
     function mib(b) { return b == "-" ? "-" : sprintf("%.1f", b / 1048576) }
     function kib(k) { return k == "-" ? "-" : mib(k * 1024) }
     function ratio(c, best, who) {
@@ -447,7 +514,7 @@ render() {
     }
     END {
       table("init", "init")
-      table("backup1", "first backup (page cache dropped first)")
+      table("backup1", "first backup (page cache dropped first; the median of " firsts " runs, the tools taking turns)")
       if (("backup1", "plain parallel read and write") in wall && best1 != "" && best1 > 0)
         floor_line("plain parallel read of the tree with the smallest repository written durably beside it",
           wall["backup1", "plain parallel read and write"], "first backup", best1)
@@ -532,7 +599,7 @@ run_corpus() {
   # ones', $restores times), beside a repository per tool, the stored pieces and the
   # duplicate's copy: a full disk half-way (a run of 2026-11-29) wastes the run.
   local need avail
-  need=$(((((${#tools[@]} + 2) * restores) + ${#tools[@]} + 3) * $(du -sk "$src" | cut -f1) * 1024))
+  need=$(((((${#tools[@]} + 2) * restores) + ${#tools[@]} * firsts + 3) * $(du -sk "$src" | cut -f1) * 1024))
   avail=$(df --output=avail -B1 "$work" | tail -n 1)
   if ((avail < need)); then
     echo "compare.sh: the $corpus corpus needs about $((need >> 30)) GiB free in $work" \
@@ -541,6 +608,7 @@ run_corpus() {
     exit 2
   fi
   restorable=()
+  first_runs
   for t in "${tools[@]}"; do
     run_tool "$t"
     python3 "$here/bench/corpus.py" change "$src/$leaf" --kind "$corpus" --state 0
