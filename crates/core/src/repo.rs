@@ -842,6 +842,14 @@ impl Repository {
         Ok((start - from) as usize)
     }
 
+    /// Advice that the bytes from `start` to `end` of the pack stored as `name`, read with
+    /// [`read_pack_range_into`](Self::read_pack_range_into), will not be read again: a
+    /// local store drops them (as widened to the grid) from the page cache.
+    pub(crate) fn uncache_pack_range(&self, name: &str, start: u64, end: u64) {
+        let (from, wide) = pack::grid_span(&self.key, start, end - start);
+        self.storage.uncache(name, from, wide);
+    }
+
     /// [`read_pack_header`](Self::read_pack_header), and whether a writer sealed the pack.
     pub fn read_pack_header_and_sealer(&self, pack: &PackId) -> Result<(Vec<PackEntry>, bool)> {
         let name = pack.storage_name();

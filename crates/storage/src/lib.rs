@@ -122,6 +122,12 @@ pub trait Storage: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Advice that `len` bytes at `offset` of the file, already read, will not be read
+    /// again: a local store drops them from the page cache (a restore reads each pack
+    /// once; left cached, a large restore pushes out what the machine is using and takes
+    /// a fresh page for every page it reads). Failures change nothing but the cache.
+    fn uncache(&self, _name: &str, _offset: u64, _len: u64) {}
+
     /// Creates the file. Create-only and atomic: readers see the whole file or nothing,
     /// even after a crash; durable when it returns. [`StorageError::AlreadyExists`] if
     /// the name exists (the existing file is untouched). On failure nothing is left

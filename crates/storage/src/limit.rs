@@ -111,6 +111,10 @@ impl Storage for Limited {
         self.inner.read_range_into(name, offset, len, buf)
     }
 
+    fn uncache(&self, name: &str, offset: u64, len: u64) {
+        self.inner.uncache(name, offset, len)
+    }
+
     fn write(&self, name: &str, data: &[u8]) -> Result<()> {
         if let Some(s) = &self.upload {
             s.take(data.len() as u64);

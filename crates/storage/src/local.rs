@@ -435,6 +435,12 @@ impl Storage for LocalStorage {
         }
     }
 
+    fn uncache(&self, name: &str, offset: u64, len: u64) {
+        if let Ok((file, _)) = self.open_for_range(name) {
+            pagecache::drop_pages(&file, offset, len);
+        }
+    }
+
     fn write(&self, name: &str, data: &[u8]) -> Result<()> {
         let mut pending = self.begin_write(name, data.len() as u64)?;
         pending.write_all(data)?;

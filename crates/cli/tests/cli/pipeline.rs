@@ -295,6 +295,56 @@ fn a_large_file_in_many_packs_is_restored_exactly_by_threads_writing_it_at_once(
     }
 }
 
+/// A restore lets go of the packs it reads: their pages are not left in the page cache
+/// (they were all cached after a restore before; see `restore_packs::Behind`). Small
+/// packs, so that what the kernel reads ahead past a thread's last read of a pack (up to
+/// `read_ahead_kb`, 8 MiB on some machines) is little beside what was read.
+#[test]
+fn a_restore_leaves_few_pages_of_the_packs_it_read_in_the_page_cache() {
+    use cairn_core::storage::pagecache::cached_pages;
+    let env = TestEnv::new();
+    env.init(&["--pack-size", "1M"]);
+    let src = env.path("src");
+    let data = random_bytes(40 << 20, 7);
+    write_file(&src.join("big.bin"), &data);
+    env.backup(&[&src], &[]);
+    let packs = env.repo_files("data");
+    let pages = |path: &PathBuf| cached_pages(&fs::File::open(path).unwrap(), 0, 0);
+    let mut stored = 0;
+    for pack in &packs {
+        let file = fs::File::open(pack).unwrap();
+        stored += file.metadata().unwrap().len();
+        // Clean pages (the backup made the pack durable) of a cold repository.
+        // SAFETY: posix_fadvise with integer arguments on a descriptor this test owns.
+        unsafe {
+            libc::posix_fadvise(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+                0,
+                libc::POSIX_FADV_DONTNEED,
+            );
+        }
+    }
+    if packs.iter().any(|pack| pages(pack) != Some(0)) {
+        eprintln!("skipped: cachestat(2) is not available here, or the pages did not move");
+        return;
+    }
+    let target = env.path("restored");
+    assert_success(&env.restore("latest", &target, &[]), "restore");
+    assert!(fs::read(restored_path(&target, &src).join("big.bin")).unwrap() == data);
+    let left: u64 = packs
+        .iter()
+        .map(|pack| pages(pack).unwrap_or(0))
+        .sum::<u64>()
+        * 4096;
+    // Every byte read went; what the kernel read ahead past the blobs (the packs'
+    // headers) may stay.
+    assert!(
+        left * 4 < stored,
+        "{left} bytes of {stored} bytes of packs still cached after the restore"
+    );
+}
+
 /// A backup leaves the page cache as it found it for the large files it reads: one none
 /// of which was cached is not cached afterwards (its pages were dropped behind the
 /// reading), and one that was cached (just written) still is, whole.
