@@ -301,7 +301,7 @@ fn a_large_file_in_many_packs_is_restored_exactly_by_threads_writing_it_at_once(
 /// `read_ahead_kb`, 8 MiB on some machines) is little beside what was read.
 #[test]
 fn a_restore_leaves_few_pages_of_the_packs_it_read_in_the_page_cache() {
-    use cairn_core::storage::pagecache::cached_pages;
+    use cairn_core::storage::pagecache::{cached_pages, drop_pages};
     let env = TestEnv::new();
     env.init(&["--pack-size", "1M"]);
     let src = env.path("src");
@@ -315,15 +315,7 @@ fn a_restore_leaves_few_pages_of_the_packs_it_read_in_the_page_cache() {
         let file = fs::File::open(pack).unwrap();
         stored += file.metadata().unwrap().len();
         // Clean pages (the backup made the pack durable) of a cold repository.
-        // SAFETY: posix_fadvise with integer arguments on a descriptor this test owns.
-        unsafe {
-            libc::posix_fadvise(
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-                0,
-                libc::POSIX_FADV_DONTNEED,
-            );
-        }
+        drop_pages(&file, 0, 0);
     }
     if packs.iter().any(|pack| pages(pack) != Some(0)) {
         eprintln!("skipped: cachestat(2) is not available here, or the pages did not move");
@@ -350,7 +342,7 @@ fn a_restore_leaves_few_pages_of_the_packs_it_read_in_the_page_cache() {
 /// reading), and one that was cached (just written) still is, whole.
 #[test]
 fn a_backup_keeps_cached_files_cached_and_leaves_no_pages_of_the_others() {
-    use cairn_core::storage::pagecache::cached_pages;
+    use cairn_core::storage::pagecache::{cached_pages, drop_pages};
     let env = TestEnv::with_repo();
     let src = env.path("src");
     write_file(&src.join("cold.bin"), &random_bytes(12 << 20, 1));
@@ -360,16 +352,7 @@ fn a_backup_keeps_cached_files_cached_and_leaves_no_pages_of_the_others() {
         open(name).sync_all().unwrap();
     }
     // Drops the clean pages of cold.bin, as a cache dropped or a file not read for long.
-    // SAFETY: posix_fadvise with integer arguments on a descriptor this test owns.
-    unsafe {
-        let cold = open("cold.bin");
-        libc::posix_fadvise(
-            std::os::fd::AsRawFd::as_raw_fd(&cold),
-            0,
-            0,
-            libc::POSIX_FADV_DONTNEED,
-        );
-    }
+    drop_pages(&open("cold.bin"), 0, 0);
     let hot_pages = cached_pages(&open("hot.bin"), 0, 0);
     if cached_pages(&open("cold.bin"), 0, 0) != Some(0) || hot_pages.is_none_or(|p| p == 0) {
         eprintln!("skipped: cachestat(2) is not available here, or the pages did not move");
