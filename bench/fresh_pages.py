@@ -27,7 +27,9 @@ def touch(size):
 
 
 def main():
-    gib, rounds, pause = (int(a) for a in (sys.argv[1:] + ["2", "3", "10"][len(sys.argv) - 1:]))
+    defaults = [2, 3, 10]
+    given = [int(a) for a in sys.argv[1:4]]
+    gib, rounds, pause = given + defaults[len(given):]
     size = gib << 30
     for r in range(rounds):
         print(f"touch {gib} GiB, round {r + 1}: {touch(size):.2f} s", flush=True)

@@ -166,14 +166,19 @@ fn xattrs_changed_after_a_backup_are_in_the_next_snapshot() {
     assert_trees_equal(&src, &restored, Compare::ALL);
 }
 
-#[test]
-fn restore_recreates_hardlinks_as_one_inode() {
-    let env = TestEnv::with_repo();
-    let src = env.path("src");
+/// Writes `a` under `src` with two more names, `d1/b` and `d1/d2/c`.
+fn three_names_of_one_file(src: &std::path::Path) {
     write_file(&src.join("a"), b"shared contents\n");
     fs::create_dir_all(src.join("d1/d2")).unwrap();
     fs::hard_link(src.join("a"), src.join("d1/b")).unwrap();
     fs::hard_link(src.join("a"), src.join("d1/d2/c")).unwrap();
+}
+
+#[test]
+fn restore_recreates_hardlinks_as_one_inode() {
+    let env = TestEnv::with_repo();
+    let src = env.path("src");
+    three_names_of_one_file(&src);
     write_file(&src.join("lonely"), b"shared contents\n");
     env.backup(&[&src], &[]);
     let target = env.path("restored");
@@ -243,10 +248,7 @@ fn restore_recreates_hardlinks_across_batches_with_the_other_files() {
 fn if_changed_finishes_the_hard_links_of_an_interrupted_restore() {
     let env = TestEnv::with_repo();
     let src = env.path("src");
-    write_file(&src.join("a"), b"shared contents\n");
-    fs::create_dir_all(src.join("d1/d2")).unwrap();
-    fs::hard_link(src.join("a"), src.join("d1/b")).unwrap();
-    fs::hard_link(src.join("a"), src.join("d1/d2/c")).unwrap();
+    three_names_of_one_file(&src);
     env.backup(&[&src], &[]);
     let target = env.path("restored");
     env.restore("latest", &target, &[]);
