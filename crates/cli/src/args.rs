@@ -9,7 +9,7 @@ use cairn_core::ops::find::SizeFilter;
 use clap::{Args, Parser, Subcommand};
 
 /// Shown after every command's help: what the options do not say.
-const AFTER_HELP: &str = "\
+pub(crate) const AFTER_HELP: &str = "\
 Environment:
   CAIRN_REPOSITORY          the repository, as -r/--repo
   CAIRN_PASSWORD            the repository password
@@ -38,57 +38,6 @@ pub struct Cli {
     pub global: GlobalArgs,
     #[command(subcommand)]
     pub command: Command,
-}
-
-impl Cli {
-    /// Parses the command line, as `Parser::parse` does, and then forgets the password
-    /// options of `config repo add` that were not typed: clap hands them the values of
-    /// `CAIRN_PASSWORD_FILE`/`CAIRN_PASSWORD_COMMAND` through the global options of the
-    /// same names, and a password source meant for `-r` must not be written into the
-    /// config file.
-    pub fn parse_args() -> Cli {
-        use clap::{CommandFactory, FromArgMatches};
-        let matches = Cli::command()
-            .mut_subcommands(|c| c.after_help(AFTER_HELP))
-            .try_get_matches()
-            .unwrap_or_else(|e| usage_error(e));
-        // Not `from_arg_matches_mut`, which takes the values (and their sources) out.
-        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| usage_error(e));
-        if let Command::Config(ConfigCommand::Repo(RepoCommand::Add(add))) = &mut cli.command {
-            let add_matches = ["config", "repo", "add"]
-                .iter()
-                .try_fold(&matches, |m, name| m.subcommand_matches(name));
-            let typed = |id: &str| {
-                add_matches.and_then(|m| m.value_source(id))
-                    == Some(clap::parser::ValueSource::CommandLine)
-            };
-            if !typed("password_command") {
-                add.password_command = None;
-            }
-            if !typed("password_file") {
-                add.password_file = None;
-            }
-        }
-        cli
-    }
-}
-
-/// Exits on a command line clap rejects (or on `--help`/`--version`, which it reports as
-/// errors). The command line did not parse, so `--json` is looked for among the words
-/// before a `--`: with it, the error is also one JSON document on stdout.
-fn usage_error(e: clap::Error) -> ! {
-    use clap::error::ErrorKind;
-    let json = std::env::args_os()
-        .skip(1)
-        .take_while(|a| a != "--")
-        .any(|a| a == "--json");
-    let asked = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
-    if json && !asked {
-        let text = e.to_string();
-        let message = text.trim().strip_prefix("error: ").unwrap_or(text.trim());
-        crate::output::json_error("usage", message, e.exit_code() as u8);
-    }
-    e.exit()
 }
 
 /// Options every command takes, before or after its name.
@@ -479,7 +428,7 @@ pub struct RepoAddArgs {
     /// The repository's address: a path, s3:... or sftp:...
     pub address: String,
     // These two share their ids with the global options, so that clap lets them take the
-    // same names; `Cli::parse_args` drops the values the environment gave them.
+    // same names; `parse::command_line` drops the values the environment gave them.
     /// Run this shell command for the password whenever the repository is used
     #[arg(long, conflicts_with = "password_file")]
     pub password_command: Option<String>,

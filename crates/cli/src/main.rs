@@ -9,6 +9,7 @@ mod jobs;
 mod mount;
 mod nice;
 mod output;
+mod parse;
 mod progress;
 mod signals;
 
@@ -22,7 +23,7 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 
 fn main() -> ExitCode {
     fix_mmap_threshold();
-    let cli = args::Cli::parse_args();
+    let cli = parse::command_line();
     let (stats, json) = (cli.global.stats, cli.global.json);
     let outcome = commands::run(cli);
     if stats {
