@@ -1,6 +1,6 @@
 //! The command line into a [`Cli`]. clap's derived tree holds every command with all of
 //! its options, and a fresh process took 0.8-1.1 ms to build it (with a copy of each
-//! global option in every command) and parse against it: 7-9% of an unchanged backup of
+//! global option in every command) and parse against it: 6-9% of an unchanged backup of
 //! the mixed corpus. So the words are first parsed against a small tree, the global
 //! options and the one command they name, built by the same derived code; only if that
 //! fails (a request for help or the version, a mistake, a command with subcommands of its
