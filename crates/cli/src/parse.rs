@@ -6,9 +6,10 @@
 //! fails (a request for help or the version, a mistake, a command with subcommands of its
 //! own) are they parsed against the whole tree, so every message is the whole tree's.
 //!
-//! Where the small tree parses the words, the whole tree parses them the same way: the
-//! root takes no positional arguments, so the words before the command's name are global
-//! options or their values in both, and the command's own tree is the same in both.
+//! Where the small tree parses the words into the command it was built for, the whole
+//! tree parses them the same way: the root takes no positional arguments, so the words
+//! before the command's name are global options or their values in both, and the
+//! command's own tree is the same in both.
 
 use std::ffi::OsString;
 
@@ -60,8 +61,14 @@ pub fn whole_tree() -> ClapCommand {
 /// `words` parsed against the global options and the command they name, if that parses.
 fn small_tree_matches(words: &[OsString]) -> Option<clap::ArgMatches> {
     let root = GlobalArgs::augment_args(ClapCommand::new("cairn"));
-    let command = one_command(named_command(&root, words)?)?;
-    root.subcommand(command).try_get_matches_from(words).ok()
+    let name = named_command(&root, words)?;
+    let matches = root
+        .subcommand(one_command(name)?)
+        .try_get_matches_from(words)
+        .ok()?;
+    // Where the guess took an option's value for the command (`-qr backup`), the words
+    // may parse without one, which the whole tree refuses.
+    (matches.subcommand_name() == Some(name)).then_some(matches)
 }
 
 /// The first word that is neither an option nor the value of a global option before it.
@@ -246,6 +253,8 @@ mod tests {
             &["help", "backup"],
             &["config", "repo", "list"],
             &["-r"],
+            &["-qr", "backup"],
+            &["-qr", "snapshots", "--json"],
             &[],
         ] {
             assert!(small_tree_matches(&words(line)).is_none(), "{line:?}");
