@@ -53,8 +53,8 @@ fn parse(words: &[OsString]) -> Result<Cli, clap::Error> {
     Ok(cli)
 }
 
-/// Every command, as help, completions and man pages show them.
-pub fn whole_tree() -> ClapCommand {
+/// Every command, each with the environment and exit codes after its help.
+fn whole_tree() -> ClapCommand {
     Cli::command().mut_subcommands(|c| c.after_help(AFTER_HELP))
 }
 
@@ -73,7 +73,7 @@ fn small_tree_matches(words: &[OsString]) -> Option<clap::ArgMatches> {
 
 /// The first word that is neither an option nor the value of a global option before it.
 /// A wrong guess (`-qr REPO`, whose value this takes for the command) costs only time:
-/// the small tree then fails to parse.
+/// the small tree then does not parse the words into that command.
 fn named_command<'a>(root: &ClapCommand, words: &'a [OsString]) -> Option<&'a str> {
     let takes_value = |word: &str| {
         root.get_arguments()
