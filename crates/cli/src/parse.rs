@@ -240,6 +240,34 @@ mod tests {
         }
     }
 
+    /// A file name that is not UTF-8 (any bytes but `/` and NUL, here with an option's
+    /// look) parses as the whole tree parses it, as a command's argument or a global
+    /// option's value; a word before the command that is neither goes to the whole tree.
+    #[test]
+    fn names_that_are_not_utf8_parse_as_in_the_whole_tree() {
+        use std::os::unix::ffi::OsStringExt;
+        let odd = || OsString::from_vec(b"/src/\xff\xfe-r \n--json".to_vec());
+        let whole = |words: &[OsString]| {
+            let matches = whole_tree().try_get_matches_from(words).unwrap();
+            format!("{:?}", Cli::from_arg_matches(&matches).unwrap())
+        };
+        for words in [
+            vec!["cairn".into(), "backup".into(), "-q".into(), odd()],
+            vec![
+                "cairn".into(),
+                "--cache-dir".into(),
+                odd(),
+                "snapshots".into(),
+            ],
+        ] {
+            assert!(small_tree_matches(&words).is_some(), "{words:?}");
+            assert_eq!(format!("{:?}", parse(&words).unwrap()), whole(&words));
+        }
+        let stray = vec!["cairn".into(), odd(), "snapshots".into()];
+        assert!(small_tree_matches(&stray).is_none());
+        assert!(parse(&stray).is_err());
+    }
+
     /// Help, the version, mistakes and commands with subcommands go to the whole tree,
     /// whose messages name every command.
     #[test]
