@@ -304,7 +304,7 @@ walk_row() {
     $((rss / 1024)) "$(cat "$log.out")"
 }
 
-# The floor under a first backup on this disk: the tree read with every core while as
+# The floor under a first backup on this disk: the tree read by 64 threads while as
 # many bytes as the smallest repository of the first backups are written durably beside
 # it, the page cache dropped first; after every tool, so that the smallest is known.
 read_write_row() {
@@ -335,7 +335,7 @@ duplicate_row() {
   record duplicate cairn "$wall" "$cpu" "$rss" "$added" "$total"
   printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS  %s bytes added\n' cairn duplicate \
     "$wall" "$cpu" $((rss / 1024)) "$added"
-  # The floor under it: the copy read with every core from a cold cache, nothing written
+  # The floor under it: the copy read by 64 threads from a cold cache, nothing written
   # (backupfloor with no bytes to write).
   log="$work/logs/$corpus/readfloor"
   drop_caches
@@ -560,7 +560,7 @@ render() {
           fmbs = sprintf("%.1f", f[7] / 1e6 / f[3])
           if (fmt == "md") print "| plain parallel read | " f[3] " | " f[4] " | - | " fmbs " | - |"
           else printf "  %-22s %10s %10s %10s %12s  %s\n", "plain parallel read", f[3], f[4], "-", fmbs, "-"
-          printf "%scairn duplicate backup / plain parallel read of the copy (cold cache, all cores): %.2f%s\n",
+          printf "%scairn duplicate backup / plain parallel read of the copy (cold cache, 64 readers): %.2f%s\n",
             fmt == "md" ? "\n" : "  ", d[3] / f[3], fmt == "md" ? "×" : "x"
         }
       }
