@@ -4,8 +4,10 @@
 //! repository; when both share one device, neither can go faster than this. Prints the
 //! wall and CPU time of the whole, and of the read and the write alone as they ran.
 //!
-//! The reads take 64 threads, each reading one file at a time whole through a 1 MiB
-//! buffer: a cold disk reads many files at once faster than a few. The write is
+//! The reads take READERS threads (64 unless given), each reading one file at a time
+//! whole through a 1 MiB buffer: a cold disk reads many files at once faster than a few,
+//! but while it writes too, many readers slow the write more than they speed the reads,
+//! so `bench/compare.sh` takes the fastest of 2, 8 and 64 readers. The write is
 //! the cheapest durable one: a single file, 1 MiB at a time, its writeback started as each
 //! MiB is written (as cairn's packs are), one `fsync` at the end and one of TARGET. No
 //! chunking, hashing, compression or encryption.
@@ -16,7 +18,7 @@
 //! half that tool's time is out of every tool's reach. With BYTES 0 it only reads: the
 //! floor under a backup of data the repository holds already (duplicate data).
 //!
-//! usage: cargo run --release -p cairn-core --example backupfloor -- SOURCE TARGET BYTES
+//! usage: cargo run --release -p cairn-core --example backupfloor -- SOURCE TARGET BYTES [READERS]
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -32,11 +34,14 @@ use cpu::cpu_time;
 
 const PIECE: usize = 1 << 20;
 
-/// Threads reading: enough files read at once that more do not read the tree faster. On
-/// the project's 2-core VM (virtio disk), cold, the Linux 6.1 tree (78,579 files, 1.30
-/// GB) took 6.81-10.74 s with 2 threads (one per core, as this did before), 3.88-4.36
-/// with 8, 3.35-3.44 with 16 and 32, 2.83-2.87 with 64, 2.64-2.82 with 128 and 256; the
-/// mixed corpus's copy (2,206 files, 1.09 GB) 1.14-1.32 s with 2, 0.77-0.95 with 8 to 32.
+/// Threads reading unless told: enough files read at once that more do not read the tree
+/// faster. On the project's 2-core VM (virtio disk), cold, nothing written, the Linux 6.1
+/// tree (78,579 files, 1.30 GB) took 6.81-10.74 s with 2 threads (one per core, as this
+/// did before), 3.88-4.36 with 8, 3.35-3.44 with 16 and 32, 2.83-2.87 with 64,
+/// 2.64-2.82 with 128 and 256; the mixed corpus's copy (2,206 files, 1.09 GB) 1.14-1.32
+/// s with 2, 0.77-0.95 with 8 to 32. Writing its 0.98 GB repository beside it, the
+/// mixed corpus took 1.78-3.01 s with 2, 1.69-1.85 with 8 and 2.53-2.73 with 64 readers
+/// (the reads done in 0.77-1.05 s, the write starved).
 const READERS: usize = 64;
 
 /// Every regular file under `root`.
@@ -93,13 +98,25 @@ fn write_durably(dir: &Path, bytes: u64, piece: &[u8]) -> std::io::Result<()> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [source, target, bytes] = args.as_slice() else {
-        eprintln!("usage: backupfloor SOURCE TARGET BYTES");
-        return ExitCode::from(2);
+    let (source, target, bytes, readers) = match args.as_slice() {
+        [source, target, bytes] => (source, target, bytes, None),
+        [source, target, bytes, readers] => (source, target, bytes, Some(readers)),
+        _ => {
+            eprintln!("usage: backupfloor SOURCE TARGET BYTES [READERS]");
+            return ExitCode::from(2);
+        }
     };
     let Ok(bytes) = bytes.parse::<u64>() else {
         eprintln!("backupfloor: BYTES must be a number of bytes, not {bytes:?}");
         return ExitCode::from(2);
+    };
+    let readers = match readers.map(|r| r.parse::<usize>()) {
+        None => READERS,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            eprintln!("backupfloor: READERS must be a number of threads above 0");
+            return ExitCode::from(2);
+        }
     };
     // Incompressible, in case the device compresses: xorshift, fixed seed.
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
@@ -127,7 +144,7 @@ fn main() -> ExitCode {
             let r = write_durably(Path::new(target), bytes, &piece);
             (r, started.elapsed())
         });
-        let readers: Vec<_> = (0..READERS).map(|_| s.spawn(|| read_all(&next))).collect();
+        let readers: Vec<_> = (0..readers).map(|_| s.spawn(|| read_all(&next))).collect();
         let read: std::io::Result<u64> = readers
             .into_iter()
             .map(|r| {
@@ -157,7 +174,7 @@ fn main() -> ExitCode {
         }
     };
     println!(
-        "{:.2} {:.2} read {read_bytes} bytes in {count} files in {:.2} s, wrote {bytes} bytes durably in {:.2} s",
+        "{:.2} {:.2} read {read_bytes} bytes in {count} files in {:.2} s with {readers} threads, wrote {bytes} bytes durably in {:.2} s",
         wall.as_secs_f64(),
         cpu.as_secs_f64(),
         read_time.as_secs_f64(),
