@@ -20,9 +20,9 @@
 # parallel write of the tree (crates/core/examples/writefloor.rs: create, write from a
 # cache-hot buffer, close), the floor under a restore, and a plain restore: the same with
 # every file's bytes read back from zstd pieces and written unnamed until complete (not a
-# strict floor, see writefloor.rs); a plain parallel read of the tree
-# while the smallest first backup's repository is written durably to the same disk
-# (crates/core/examples/backupfloor.rs), the floor under a first backup there; and a
+# strict floor, see writefloor.rs); a plain parallel read of the tree while the smallest
+# first backup's repository is written durably to the same disk, in turns with the first
+# backups (crates/core/examples/backupfloor.rs), the floor under a first backup there; and a
 # copy of the tree backed up into the repository that holds the original (duplicate
 # data), with a plain parallel read of the copy as its floor.
 #
@@ -304,32 +304,6 @@ walk_row() {
     $((rss / 1024)) "$(cat "$log.out")"
 }
 
-# The floor under a first backup on this disk: the tree read while as many bytes as the
-# smallest repository of the first backups are written durably beside it, the page
-# cache dropped first; after every tool, so that the smallest is known. The fastest of
-# 2, 8 and 64 threads reading: many readers read a cold tree of small files fastest,
-# and starve the write of a tree of large ones (backupfloor.rs).
-read_write_row() {
-  local log bytes wall cpu rest n best=""
-  bytes=$(awk -F'\t' '$1 == "backup1" && $6 ~ /^[0-9]+$/ { if (min == "" || $6 < min) min = $6 }
-    END { print min }' "$results")
-  [ -n "$bytes" ] || return 0
-  for n in 2 8 64; do
-    log="$work/logs/$corpus/backupfloor-$n"
-    drop_caches
-    if ! "$backupfloor" "$src" "$work/restore/backupfloor-$n" "$bytes" "$n" >"$log.out" 2>"$log.err"; then
-      fail "backupfloor with $n readers failed" "$log.err"; return 0
-    fi
-    read -r wall cpu rest <"$log.out"
-    printf '  %-9s %-8s %8s s wall %8s s CPU  (%s)\n' backupfloor read+write "$wall" "$cpu" "$rest"
-    if [ -z "$best" ] || awk -v a="$wall" -v b="${best%% *}" 'BEGIN { exit !(a < b) }'; then
-      best="$wall $cpu"
-    fi
-  done
-  read -r wall cpu <<<"$best"
-  record backup1 "plain parallel read and write" "$wall" "$cpu" - -
-}
-
 duplicate_row() {
   local dup="$work/dup/$corpus" m wall cpu rss log="$work/logs/$corpus/cairn-duplicate" added total rest
   mkdir -p "$work/dup"
@@ -368,15 +342,46 @@ tool_env() {
   mkdir -p "$XDG_CACHE_HOME" "$work/restore/$1"
 }
 
+# floor_round RUN: the floor under a first backup on this disk, as one more turn of run
+# RUN of the first backups, so that it meets the disk as they do (this VM's disk writes
+# at different speeds over a run: one floor measured after the restores wrote 0.98 GB
+# durably in 0.70 s, a later run's in 2.5-2.9 s while cairn's first backups, earlier,
+# took 2.0-2.1 s): the tree read while as many bytes as the smallest repository so far
+# are written durably beside it, the page cache dropped first. The first run tries 2, 8
+# and 64 threads reading and the later ones the fastest of them: many readers read a
+# cold tree of small files fastest, and starve the write of a tree of large ones
+# (backupfloor.rs). Adds the run's fastest to `floor_runs`, whose median counts.
+floor_round() {
+  local r=$1 bytes n log wall cpu rest best="" best_n=""
+  bytes=$(printf '%s' "${runs[*]}" | awk '$4 ~ /^[0-9]+$/ { if (min == "" || $4 < min) min = $4 }
+    END { print min }')
+  [ -n "$bytes" ] || return 0
+  for n in $floor_readers; do
+    log="$work/logs/$corpus/backupfloor-$r-$n"
+    drop_caches
+    if ! "$backupfloor" "$src" "$work/restore/backupfloor-$r-$n" "$bytes" "$n" >"$log.out" 2>"$log.err"; then
+      fail "backupfloor with $n readers failed" "$log.err"; return 0
+    fi
+    read -r wall cpu rest <"$log.out"
+    printf '  %-9s %-8s %8s s wall %8s s CPU  (run %d: %s)\n' backupfloor read+write "$wall" "$cpu" "$r" "$rest"
+    if [ -z "$best" ] || awk -v a="$wall" -v b="${best%% *}" 'BEGIN { exit !(a < b) }'; then
+      best="$wall $cpu" best_n=$n
+    fi
+  done
+  floor_readers=$best_n
+  floor_runs+="$best"$'\n'
+}
+
 # first_runs: every tool's init and first backup into a new repository, $firsts times,
 # taking turns (cairn, the next tool, ...; then again), the page cache dropped before
 # each backup; records the first run's init and the median first backup, with the size
 # of its repository. A run's repository (and the tool's cache, so that the next run
 # starts without one) is set aside under $work/repos/first-RUN until the corpus is done;
-# the last run's stays for the steps that follow. A tool whose init or first backup
+# the last run's stays for the steps that follow. Each run ends with the floor under
+# them (floor_round). A tool whose init or first backup
 # failed joins `failed_first`, and run_tool skips it.
 first_runs() {
-  local tool r m log size p aside wall cpu rss lines
+  local tool r m log size p aside wall cpu rss lines floor_readers="2 8 64" floor_runs=""
   local -A runs=()
   failed_first=()
   for ((r = 1; r <= firsts; r++)); do
@@ -417,6 +422,7 @@ first_runs() {
       printf '  %-9s %-8s %8s s wall %8s s CPU %6d MiB RSS  (run %d)\n' "$tool" backup1 "$wall" \
         "$cpu" $((rss / 1024)) "$r"
     done
+    floor_round "$r"
   done
   for tool in "${tools[@]}"; do
     [[ " ${failed_first[*]} " == *" $tool "* ]] && continue
@@ -424,6 +430,11 @@ first_runs() {
     read -r wall cpu rss size <<<"$(median "${lines[@]}")"
     record backup1 "$tool" "$wall" "$cpu" "$rss" "$size"
   done
+  if [ -n "$floor_runs" ]; then
+    mapfile -t lines <<<"${floor_runs%$'\n'}"
+    read -r wall cpu <<<"$(median "${lines[@]}")"
+    record backup1 "plain parallel read and write" "$wall" "$cpu" - -
+  fi
 }
 
 # run_tool TOOL: the later backups of one tool (its first ones were first_runs'),
@@ -434,10 +445,9 @@ run_tool() {
   [[ " ${failed_first[*]} " == *" $tool "* ]] && return 0
   tool_env "$tool"
   echo "== $tool"
-  # The steps before (the last of the first backups) left their writes to the kernel: on
-  # the disk before this tool's steps are timed, not written back under them. Without
-  # it the first tool here, cairn, paid for vykar's: its unchanged backup of the mixed
-  # corpus took 15.0 ms (the plain walk after it 10.0) in a run where it had taken 11.0.
+  # What the steps before left to the kernel to write (the last first backup's
+  # repository, if its tool does not make it durable) is on the disk before this tool's
+  # steps are timed, not written back under them.
   sync
   step "$tool" backup2 || return 0
   [ "$tool" = cairn ] && walk_row
@@ -614,7 +624,7 @@ run_corpus() {
   # floors' writes and the duplicate's copy: a full disk half-way (a run of 2026-11-29)
   # wastes the run.
   local need avail
-  need=$(((((${#tools[@]} + 2) * restores) + ${#tools[@]} * firsts + 5) * $(du -sk "$src" | cut -f1) * 1024))
+  need=$(((((${#tools[@]} + 2) * restores) + ${#tools[@]} * firsts + firsts + 4) * $(du -sk "$src" | cut -f1) * 1024))
   avail=$(df --output=avail -B1 "$work" | tail -n 1)
   if ((avail < need)); then
     echo "compare.sh: the $corpus corpus needs about $((need >> 30)) GiB free in $work" \
@@ -632,7 +642,6 @@ run_corpus() {
   restore_runs
   # After the restores, which restore the latest snapshot.
   if [[ " ${restorable[*]} " == *" cairn "* ]]; then tool_env cairn; duplicate_row; fi
-  read_write_row
   render text
   {
     echo
