@@ -343,11 +343,10 @@ tool_env() {
 }
 
 # floor_round RUN: the floor under a first backup on this disk, as one more turn of run
-# RUN of the first backups, so that it meets the disk as they do (this VM's disk writes
-# at different speeds over a run: one floor measured after the restores wrote 0.98 GB
-# durably in 0.70 s, a later run's in 2.5-2.9 s while cairn's first backups, earlier,
-# took 2.0-2.1 s): the tree read while as many bytes as the smallest repository so far
-# are written durably beside it, the page cache dropped first. The first run tries 2, 8
+# RUN of the first backups, so that it meets the disk and the VM's memory as they do
+# (both vary over a run; it used to run after the restores): the tree read while as
+# many bytes as the smallest repository so far are written durably beside it, the page
+# cache dropped first. The first run tries 2, 8
 # and 64 threads reading and the later ones the fastest of them: many readers read a
 # cold tree of small files fastest, and starve the write of a tree of large ones
 # (backupfloor.rs). Adds the run's fastest to `floor_runs`, whose median counts.
@@ -620,7 +619,7 @@ run_corpus() {
   ((src_linked == 0)) || linked=", $src_linked of them with other names (hard links)"
   echo "corpus $corpus: $src ($src_bytes bytes in $src_files files$linked)"
   # Every restored tree is kept until the corpus is done (each tool's and the two plain
-  # ones', $restores times), beside a repository per tool, the stored pieces, the three
+  # ones', $restores times), beside a repository per tool, the stored pieces, the
   # floors' writes and the duplicate's copy: a full disk half-way (a run of 2026-11-29)
   # wastes the run.
   local need avail

@@ -49,9 +49,9 @@ const SEGMENT: u64 = 16 << 20;
 /// tree (78,579 files, 1.30 GB) took 6.81-10.74 s with 2 threads (one per core, as this
 /// did before), 3.88-4.36 with 8, 3.35-3.44 with 16 and 32, 2.83-2.87 with 64,
 /// 2.64-2.82 with 128 and 256; the mixed corpus's copy (2,206 files, 1.09 GB) 1.14-1.32
-/// s with 2, 0.77-0.95 with 8 to 32. Writing its 0.98 GB repository beside it, the
-/// mixed corpus took 1.78-3.01 s with 2, 1.69-1.85 with 8 and 2.53-2.73 with 64 readers
-/// (the reads done in 0.77-1.05 s, the write starved).
+/// s with 2, 0.77-0.95 with 8 to 32. Writing its 0.98 GB repository beside it (the
+/// pages not yet dropped), the mixed corpus took 1.78-3.01 s with 2, 1.69-1.85 with 8
+/// and 2.53-2.73 with 64 readers (the reads done in 0.77-1.05 s, the write starved).
 const READERS: usize = 64;
 
 /// Every regular file under `root`.
@@ -73,8 +73,7 @@ fn files(root: &Path) -> std::io::Result<Vec<PathBuf>> {
 
 /// Reads the files `next` hands out, whole, until none is left; the bytes read. Each
 /// file's pages are dropped behind the reading every [`SEGMENT`], as cairn's `ReadOnce`
-/// does: on a VM that hands free memory back to its host, reading into fresh pages
-/// (faulted in from the host) took about twice the CPU of reading into pages just freed.
+/// does (see the top for why).
 fn read_all(next: &Mutex<std::vec::IntoIter<PathBuf>>) -> std::io::Result<u64> {
     let (mut buf, mut total) = (vec![0u8; PIECE], 0u64);
     loop {
