@@ -346,10 +346,10 @@ tool_env() {
 # RUN of the first backups, so that it meets the disk and the VM's memory as they do
 # (both vary over a run; it used to run after the restores): the tree read while as
 # many bytes as the smallest repository so far are written durably beside it, the page
-# cache dropped first. The first run tries 2, 8
-# and 64 threads reading and the later ones the fastest of them: many readers read a
-# cold tree of small files fastest, and starve the write of a tree of large ones
-# (backupfloor.rs). Adds the run's fastest to `floor_runs`, whose median counts.
+# cache dropped first. The first run tries 2, 8 and 64 threads reading and the later
+# ones the fastest of them: many readers read a cold tree of small files fastest, and
+# starve the write of a tree of large ones (backupfloor.rs). Adds the run's fastest to
+# `floor_runs`, whose median counts.
 floor_round() {
   local r=$1 bytes n log wall cpu rest best="" best_n=""
   bytes=$(printf '%s' "${runs[*]}" | awk '$4 ~ /^[0-9]+$/ { if (min == "" || $4 < min) min = $4 }
