@@ -87,7 +87,7 @@ fn read_all(next: &Mutex<std::vec::IntoIter<PathBuf>>) -> std::io::Result<u64> {
                 0 => break,
                 n => read += n as u64,
             }
-            if read % SEGMENT == 0 {
+            if read.is_multiple_of(SEGMENT) {
                 drop_pages(&file, read - SEGMENT, SEGMENT);
             }
         }
@@ -112,7 +112,7 @@ fn write_durably(dir: &Path, bytes: u64, piece: &[u8]) -> std::io::Result<()> {
             libc::sync_file_range(fd, done as i64, n as i64, libc::SYNC_FILE_RANGE_WRITE);
         }
         done += n as u64;
-        if done % SEGMENT == 0 && done >= 2 * SEGMENT {
+        if done.is_multiple_of(SEGMENT) && done >= 2 * SEGMENT {
             let before = done - 2 * SEGMENT;
             let wait = libc::SYNC_FILE_RANGE_WAIT_BEFORE
                 | libc::SYNC_FILE_RANGE_WRITE
