@@ -21,7 +21,7 @@ use crate::args::*;
 /// it does not parse (or asks for help or the version).
 pub fn command_line() -> Cli {
     let words: Vec<OsString> = std::env::args_os().collect();
-    parse(&words).unwrap_or_else(|e| usage_error(e))
+    parse(&words).unwrap_or_else(|e| usage_error(e, &words))
 }
 
 /// Parses `words` (the program's name first), and then forgets the password options of
@@ -130,13 +130,15 @@ fn one_command(name: &str) -> Option<ClapCommand> {
 }
 
 /// Exits on a command line clap rejects (or on `--help`/`--version`, which it reports as
-/// errors). The command line did not parse, so `--json` is looked for among the words
-/// before a `--`: with it, the error is also one JSON document on stdout.
-fn usage_error(e: clap::Error) -> ! {
+/// errors). The command line did not parse, so `--json` is looked for among `words`
+/// (the program's name first) before a `--`: with it, the error is also one JSON
+/// document on stdout.
+fn usage_error(e: clap::Error, words: &[OsString]) -> ! {
     use clap::error::ErrorKind;
-    let json = std::env::args_os()
+    let json = words
+        .iter()
         .skip(1)
-        .take_while(|a| a != "--")
+        .take_while(|a| *a != "--")
         .any(|a| a == "--json");
     let asked = matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion);
     if json && !asked {
@@ -160,9 +162,8 @@ mod tests {
 
     /// Each small tree's command is the whole tree's but for its description (the
     /// variant's doc comment) and place in the list of commands, which only help shows:
-    /// the same arguments, groups,
-    /// settings and subcommands. Every command of the whole tree has one but those with
-    /// subcommands of their own.
+    /// the same arguments, groups, settings and subcommands. Every command of the whole
+    /// tree has one but those with subcommands of their own.
     #[test]
     fn each_small_command_is_the_whole_trees() {
         let whole = Cli::command();

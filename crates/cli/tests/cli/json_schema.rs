@@ -464,6 +464,14 @@ fn a_fatal_error_with_json_is_one_error_document_naming_its_kind() {
         "usage",
     );
     error(s, env.cmd().args(["--json", "no-such-command"]), 2, "usage");
+    // After `--`, `--json` is a path, not the option: the usage error is text only.
+    let out = env
+        .cmd()
+        .args(["backup", "--no-such-option", "--", "--json"])
+        .output()
+        .unwrap();
+    assert_exit(&out, 2, "a usage error with --json after --");
+    assert!(out.stdout.is_empty(), "{}", describe(&out));
     // Without --json, stdout stays empty.
     let out = env
         .cmd()
