@@ -155,6 +155,21 @@ impl Compressor {
             body: &self.out,
         }
     }
+
+    /// [`compress`](Self::compress) in place, for a writer that seals in the same buffer:
+    /// the blob is what `buf` holds after `at + 1` bytes; the tag goes into `buf[at]` and
+    /// the body after it, compressed where that pays and left as it is otherwise.
+    ///
+    /// # Panics
+    /// If `buf` holds no more than `at` bytes.
+    pub fn compress_in_place(&mut self, buf: &mut Vec<u8>, at: usize) {
+        let tag = self.compress(&buf[at + 1..]).tag[0];
+        if tag != TAG_RAW {
+            buf.truncate(at + 1);
+            buf.extend_from_slice(&self.out);
+        }
+        buf[at] = tag;
+    }
 }
 
 /// The compressor's output buffer is kept up to this size: the bound of zstd's output for
@@ -302,6 +317,28 @@ mod tests {
             let c = compress(codec, &text);
             assert_eq!(decompress(&c, text.len()).unwrap(), text, "{codec}");
         }
+    }
+
+    /// In place, a blob gets the same tagged form as copied, whether it shrinks or not,
+    /// and the bytes before it are left alone.
+    #[test]
+    fn compressing_in_place_gives_the_tagged_form_after_the_headroom() {
+        let text = b"hello hello hello hello hello hello hello".repeat(3000);
+        let mut noise = vec![0; 200_000];
+        blake3::Hasher::new().finalize_xof().fill(&mut noise);
+        let mut compressor = Compressor::new(Compression::default());
+        for blob in [&text, &noise] {
+            let tagged = compressor.compress(blob).to_vec();
+            let mut buf = vec![7; 5];
+            buf.push(0xEE);
+            buf.extend_from_slice(blob);
+            compressor.compress_in_place(&mut buf, 5);
+            assert_eq!(buf[..5], [7; 5]);
+            assert_eq!(buf[5..], tagged[..]);
+            assert_eq!(decompress(&buf[5..], blob.len()).unwrap(), blob[..]);
+        }
+        assert!(compressor.compress(&text).tagged_len() < text.len());
+        assert_eq!(compressor.compress(&noise).tagged_len(), noise.len() + 1);
     }
 
     #[test]

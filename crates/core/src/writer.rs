@@ -44,7 +44,10 @@ type Sent = (PackId, Vec<PackEntry>, u64);
 struct Job {
     id: BlobId,
     kind: BlobKind,
+    /// The blob, after [`MasterKey::seal_headroom`] bytes and one for the compression
+    /// tag: it is compressed and sealed in this buffer.
     data: Vec<u8>,
+    raw_length: u32,
     grant: Grant,
 }
 
@@ -245,13 +248,14 @@ struct Threads {
     packer: JoinHandle<Result<WriterReport>>,
 }
 
-/// Chunk-sized byte buffers handed round between `add`, the sealers and the packer: a
-/// chunk's copy and its sealed form each needed a new buffer, and a new buffer's pages
-/// fault in as they are first written (200,000 page faults, most of a second of system
-/// time, for a GB of new data). A few are kept. Small blobs (most of a source tree) get
-/// buffers of their own size as before: the queues are bounded by blob count and bytes,
-/// and a kept buffer's capacity under a small blob would hold memory no bound counts
-/// (peak RSS of a Linux-tree backup 140 MiB when every blob took one, 104 without).
+/// Chunk-sized byte buffers handed round between `add` and the packer: each chunk is
+/// copied into one, then compressed and sealed there. A new buffer's pages fault in as
+/// they are first written (200,000 page faults, most of a second of system time, for a GB
+/// of new data, when the sealed form had a buffer of its own too). A few are kept. Small
+/// blobs (most of a source tree) get buffers of their own size as before: the queues are
+/// bounded by blob count and bytes, and a kept buffer's capacity under a small blob would
+/// hold memory no bound counts (peak RSS of a Linux-tree backup 140 MiB when every blob
+/// took one, 104 without).
 #[derive(Clone)]
 struct Buffers {
     spare: (Sender<Vec<u8>>, Receiver<Vec<u8>>),
@@ -346,8 +350,7 @@ impl<'r> BlobWriter<'r> {
                 let key = Arc::clone(repo.key());
                 let codec = repo.config().compression;
                 let times = Arc::clone(&self.seal_times);
-                let buffers = self.buffers.clone();
-                std::thread::spawn(move || seal_loop(&key, codec, &times, &buffers, rx, tx))
+                std::thread::spawn(move || seal_loop(&key, codec, &times, rx, tx))
             })
             .collect();
         drop(sealed_tx);
@@ -455,10 +458,21 @@ impl<'r> BlobWriter<'r> {
             let _ = cache.put_tree(&id, &data);
         }
         let grant = self.budget.take(data.len());
+        // The blob goes after room for the seal's header and the compression tag, so
+        // that the sealer compresses and seals it where it is.
+        let head = self.repo.key().seal_headroom() + 1;
+        let raw_length = data.len() as u32;
+        let sealed_len = self.repo.key().sealed_blob_len(1 + data.len());
         let data = match data {
-            Cow::Owned(data) => data,
+            Cow::Owned(mut data) => {
+                // Moved up in its own buffer, grown once to what the sealed form needs.
+                data.reserve_exact(sealed_len - data.len());
+                data.splice(0..0, std::iter::repeat_n(0, head));
+                data
+            }
             Cow::Borrowed(data) => {
-                let mut buf = self.buffers.take(data.len());
+                let mut buf = self.buffers.take(sealed_len);
+                buf.resize(head, 0);
                 buf.extend_from_slice(data);
                 buf
             }
@@ -467,6 +481,7 @@ impl<'r> BlobWriter<'r> {
             id,
             kind,
             data,
+            raw_length,
             grant,
         };
         let threads = self.threads.get_or_init(|| self.spawn());
@@ -545,31 +560,29 @@ fn seal_loop(
     key: &MasterKey,
     codec: Compression,
     times: &SealTimes,
-    buffers: &Buffers,
     jobs: Receiver<Job>,
     out: Sender<Sealed>,
 ) {
     let mut compressor = compress::Compressor::new(codec);
+    let head = key.seal_headroom();
     for Job {
         id,
         kind,
-        data,
+        mut data,
+        raw_length,
         grant,
     } in jobs
     {
         let started = Instant::now();
-        let compressed = compressor.compress(&data);
+        compressor.compress_in_place(&mut data, head);
         times.compress.add(started);
-        let raw_length = data.len() as u32;
         let started = Instant::now();
-        let mut sealed = buffers.take(key.sealed_blob_len(compressed.tagged_len()));
-        key.seal_parts_into(kind.purpose(id), &compressed.parts(), &mut sealed);
+        key.seal_in_place(kind.purpose(id), &mut data);
         times.encrypt.add(started);
-        buffers.give(data);
         let sealed = Sealed {
             id,
             kind,
-            sealed,
+            sealed: data,
             raw_length,
             _grant: grant,
         };
