@@ -77,19 +77,14 @@ pub struct Compressor {
     out: Vec<u8>,
 }
 
-/// A blob's compressed form, as two parts to seal without joining them: the tag byte
-/// naming the codec, and the body (the caller's own bytes when stored raw).
+/// A blob's compressed form: the tag byte naming the codec, and the body (the caller's
+/// own bytes when stored raw).
 pub struct Compressed<'a> {
     tag: [u8; 1],
     body: &'a [u8],
 }
 
 impl Compressed<'_> {
-    /// Tag and body, for [`MasterKey::seal_parts`](crate::crypto::MasterKey::seal_parts).
-    pub fn parts(&self) -> [&[u8]; 2] {
-        [&self.tag, self.body]
-    }
-
     /// Bytes of the tagged form.
     pub fn tagged_len(&self) -> usize {
         1 + self.body.len()
