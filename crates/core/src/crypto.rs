@@ -686,7 +686,7 @@ impl MasterKey {
     /// (whatever those are), in place: `buf` becomes what [`seal`](Self::seal) returns
     /// for that plaintext. A chunk is sealed in the buffer it was copied into, with no
     /// second buffer to fault in and fill (a cold first backup of the mixed corpus took
-    /// 94,000 page faults with one, most of them that buffer's).
+    /// 50,000 page faults so, 88,000 with one: docs/BENCHMARKS.md).
     ///
     /// # Panics
     /// If `buf` is shorter than the headroom.
@@ -874,8 +874,6 @@ pub(crate) fn open_with(key: &[u8; 32], sealed: &[u8]) -> Result<Vec<u8>, OpenEr
     Ok(plain)
 }
 
-/// Seals the concatenation of `parts` bound to `ad` into `out`. With `pad_to`, the
-/// plaintext is first padded to that length with zeros ending in its own length (`u32le`).
 /// Encrypts `buf[at + NONCE_LEN..]` in place under a fresh nonce, written into the
 /// `NONCE_LEN` bytes at `at`, and appends the tag.
 fn seal_xchacha(key: &[u8; 32], ad: &[u8], buf: &mut Vec<u8>, at: usize) {
@@ -1062,8 +1060,7 @@ mod tests {
     }
 
     /// Parts are sealed as their concatenation, into a buffer that held something else,
-    /// whatever their lengths: AEGIS-256 takes them one by one, and these cross its
-    /// 32-byte blocks mid-part.
+    /// whatever their lengths (these cross AEGIS-256's 32-byte blocks mid-part).
     #[test]
     fn parts_seal_as_their_concatenation_into_a_used_buffer() {
         let parts: [&[u8]; 4] = [&[1], &[2; 17], &[], &[3; 100]];
