@@ -976,6 +976,19 @@ mod tests {
         keys
     }
 
+    /// Each kind of key that seals, with the key that opens what it sealed: itself, or for
+    /// a write-only key, the full key it was made from.
+    fn sealers_and_openers() -> Vec<(MasterKey, MasterKey)> {
+        let (full, writer) = writer_of(&key_with(Cipher::Aegis256));
+        let mut pairs: Vec<(MasterKey, MasterKey)> = every_kind_of_key()
+            .into_iter()
+            .filter(|k| !k.is_write_only())
+            .map(|k| (k.clone(), k))
+            .collect();
+        pairs.push((writer, full));
+        pairs
+    }
+
     /// A full key bound to a repository, and a write-only key made from it.
     fn writer_of(full: &MasterKey) -> (MasterKey, MasterKey) {
         let full = full.clone();
@@ -1039,14 +1052,7 @@ mod tests {
     fn a_blob_sealed_in_place_opens_as_one_sealed_by_copy() {
         let plain = vec![5; 1000];
         let id = BlobId([9; 32]);
-        let (full, writer) = writer_of(&key_with(Cipher::Aegis256));
-        let mut pairs: Vec<(MasterKey, MasterKey)> = every_kind_of_key()
-            .into_iter()
-            .filter(|k| !k.is_write_only())
-            .map(|k| (k.clone(), k))
-            .collect();
-        pairs.push((writer, full));
-        for (sealer, opener) in pairs {
+        for (sealer, opener) in sealers_and_openers() {
             let mut buf = vec![0xAA; sealer.seal_headroom()];
             buf.extend_from_slice(&plain);
             sealer.seal_in_place(Purpose::DataBlob(id), &mut buf);
@@ -1065,14 +1071,7 @@ mod tests {
     fn parts_seal_as_their_concatenation_into_a_used_buffer() {
         let parts: [&[u8]; 4] = [&[1], &[2; 17], &[], &[3; 100]];
         let whole = parts.concat();
-        let (full, writer) = writer_of(&key_with(Cipher::Aegis256));
-        let mut pairs: Vec<(MasterKey, MasterKey)> = every_kind_of_key()
-            .into_iter()
-            .filter(|k| !k.is_write_only())
-            .map(|k| (k.clone(), k))
-            .collect();
-        pairs.push((writer, full));
-        for (sealer, opener) in pairs {
+        for (sealer, opener) in sealers_and_openers() {
             let mut out = vec![0xAA; 300];
             sealer.seal_parts_into(SNAP, &parts, &mut out);
             assert_eq!(
