@@ -620,10 +620,11 @@ run_corpus() {
   echo "corpus $corpus: $src ($src_bytes bytes in $src_files files$linked)"
   # Every restored tree is kept until the corpus is done (each tool's and the two plain
   # ones', $restores times), beside a repository per tool, the stored pieces, the
-  # floors' writes and the duplicate's copy: a full disk half-way (a run of 2026-11-29)
-  # wastes the run.
+  # floors' writes (three in the first run, one in each later run, none larger than the
+  # tree) and the duplicate's copy: a full disk half-way (a run of 2026-11-29) wastes
+  # the run.
   local need avail
-  need=$(((((${#tools[@]} + 2) * restores) + ${#tools[@]} * firsts + firsts + 4) * $(du -sk "$src" | cut -f1) * 1024))
+  need=$(((((${#tools[@]} + 2) * restores) + ${#tools[@]} * firsts + (firsts + 2) + 3) * $(du -sk "$src" | cut -f1) * 1024))
   avail=$(df --output=avail -B1 "$work" | tail -n 1)
   if ((avail < need)); then
     echo "compare.sh: the $corpus corpus needs about $((need >> 30)) GiB free in $work" \

@@ -81,17 +81,20 @@ fn read_all(next: &Mutex<std::vec::IntoIter<PathBuf>>) -> std::io::Result<u64> {
             return Ok(total);
         };
         let mut file = File::open(&path)?;
-        let mut read = 0u64;
+        let (mut read, mut dropped) = (0u64, 0u64);
         loop {
             match file.read(&mut buf)? {
                 0 => break,
                 n => read += n as u64,
             }
-            if read.is_multiple_of(SEGMENT) {
-                drop_pages(&file, read - SEGMENT, SEGMENT);
+            // Up to the last whole segment, whatever lengths the reads returned.
+            let end = read - read % SEGMENT;
+            if end > dropped {
+                drop_pages(&file, dropped, end - dropped);
+                dropped = end;
             }
         }
-        drop_pages(&file, read - read % SEGMENT, 0);
+        drop_pages(&file, dropped, 0);
         total += read;
     }
 }
